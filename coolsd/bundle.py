@@ -1,0 +1,135 @@
+"""A model bundle: target, drafter, the code vectors of the tokenizer, and (for shipped models) the tokenizer
+and judge. One call loads it on CPU or CUDA; weights are safetensors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from .model import CONFIGS, Drafter, ModelConfig, Transformer
+from .rules import nearest_codes
+from .sampling import SamplingConfig
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_MODEL = ASSETS / "fashion"
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """The requested device, else CUDA when present, else CPU."""
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class Bundle:
+    target: Transformer
+    drafter: Drafter | None
+    codebook: Tensor  # (V, code_dim): the code vectors the decoder uses; they define LANTERN++ neighbourhoods
+    name: str = "random"
+    class_names: list[str] = field(default_factory=list)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    tokenizer: nn.Module | None = None
+    judge: nn.Module | None = None
+    info: dict = field(default_factory=dict)
+    _neighbours: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.class_names:
+            self.class_names = [f"class {i}" for i in range(self.target.config.num_classes)]
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.target.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.output.weight.device
+
+    def neighbours(self, count: int) -> np.ndarray:
+        """Each code's ``count`` nearest other codes (LANTERN++), computed once per bundle."""
+        cached = self._neighbours.get("table")
+        if cached is None or cached.shape[1] < min(count, self.codebook.shape[0] - 1):
+            cached = nearest_codes(self.codebook, max(count, 16))
+            self._neighbours["table"] = cached
+        return cached[:, :count]
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Bundle":
+        """Move the models (``dtype`` applies to target and drafter, e.g. bf16 on CUDA)."""
+        for module in (self.target, self.drafter):
+            if module is not None:
+                module.to(device=device, dtype=dtype)
+        for module in (self.tokenizer, self.judge):
+            if module is not None:
+                module.to(device=device)
+        return self
+
+    def image(self, tokens: list[int]) -> np.ndarray:
+        """Image tokens -> uint8 picture (H, W) through the tokenizer's decoder; without a tokenizer, each
+        token is shown as a grey level (its code vector's first coordinate)."""
+        cfg = self.config
+        grid = torch.tensor(tokens, dtype=torch.long).view(cfg.grid_height, cfg.grid_width)
+        if self.tokenizer is not None:
+            return self.tokenizer.decode_to_uint8(grid[None].to(self.tokenizer.device))[0]
+        shade = self.codebook[:, 0].float()
+        shade = (shade - shade.min()) / (shade.max() - shade.min() + 1e-12)
+        return (shade[grid] * 255).round().to(torch.uint8).numpy()
+
+
+def random_bundle(size: str = "tiny", seed: int = 0, device: str | None = None) -> Bundle:
+    """Randomly initialised target + drafter of a named shape (``tiny`` for tests, ``small`` ~10M parameters)."""
+    if size not in CONFIGS:
+        raise ValueError(f"random-init size must be one of {sorted(CONFIGS)}, got {size!r}")
+    cfg = CONFIGS[size]
+    torch.manual_seed(seed)
+    target, drafter = Transformer(cfg).eval(), Drafter(cfg).eval()
+    codebook = nn.functional.normalize(torch.randn(cfg.vocab_size, 8), dim=-1)
+    return Bundle(target, drafter, codebook, name=f"random-{size}").to(pick_device(device))
+
+
+def save_bundle(bundle: Bundle, path: Path, extra: dict | None = None) -> None:
+    """Write ``config.json`` and one safetensors file per model."""
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in bundle.target.state_dict().items()}, path / "target.safetensors")
+    if bundle.drafter is not None:
+        save_file({k: v.contiguous() for k, v in bundle.drafter.state_dict().items()}, path / "drafter.safetensors")
+    save_file({"codebook": bundle.codebook.contiguous()}, path / "codebook.safetensors")
+    meta = {"name": bundle.name, "model": bundle.config.to_dict(), "class_names": bundle.class_names,
+            "sampling": bundle.sampling.to_dict(), **(extra or {})}
+    (path / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load_bundle(path: str | Path | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Bundle:
+    """Load a saved bundle (default: the shipped model) onto ``device`` (default: CUDA if present)."""
+    path = Path(path) if path else DEFAULT_MODEL
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no model bundle at {path} (expected config.json and *.safetensors)")
+    meta = json.loads((path / "config.json").read_text())
+    cfg = ModelConfig(**meta["model"])
+    target = Transformer(cfg)
+    target.load_state_dict(load_file(path / "target.safetensors"))
+    drafter = None
+    if (path / "drafter.safetensors").exists():
+        drafter = Drafter(cfg)
+        drafter.load_state_dict(load_file(path / "drafter.safetensors"))
+    codebook = load_file(path / "codebook.safetensors")["codebook"]
+    tokenizer = judge = None
+    if (path / "tokenizer.safetensors").exists():
+        from .vq import load_tokenizer
+        tokenizer = load_tokenizer(path)
+    if (path / "judge.safetensors").exists():
+        from .judge import load_judge
+        judge = load_judge(path)
+    bundle = Bundle(target.eval(), drafter.eval() if drafter else None, codebook, name=meta.get("name", path.name),
+                    class_names=meta.get("class_names", []), sampling=SamplingConfig(**meta.get("sampling", {})),
+                    tokenizer=tokenizer, judge=judge, info=meta)
+    device = pick_device(device)
+    if dtype is None and device.type == "cuda":
+        dtype = torch.bfloat16
+    return bundle.to(device, dtype)

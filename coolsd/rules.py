@@ -1,0 +1,189 @@
+"""Acceptance rules (spec section 3). Each rule only says how it relaxes the target distribution.
+
+With ``p_hat`` the rule's relaxed target at draft depth ``d``, a candidate ``y ~ q`` is accepted with
+probability ``f_d(y) = min(1, p_hat(y) / q(y))``, so the accepted mass is ``a = q * f = min(q, p_hat)``.
+Eagle-1 is ``p_hat = p``; UniformRSD ``delta * p``; COOL-SD ``omega_d * p``; LANTERN++ ``p~``.
+On rejection the optimal residual ``G* = Norm([p - a]_+)`` replaces ``p`` unless a rule overrides it.
+A new rule is one subclass with ``relaxed_target`` (and ``omega`` if it has a schedule).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def normalise(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """``mass / sum(mass)``, or ``fallback`` when the mass is (numerically) zero (spec section 3)."""
+    total = mass.sum()
+    return mass / total if total > 1e-12 else fallback
+
+
+class AcceptanceRule:
+    """Lossless Eagle-1: ``p_hat = p``."""
+
+    name = "eagle"
+
+    def params(self) -> dict:
+        return {}
+
+    def omega(self, depth: int) -> float:
+        """The multiplier on ``r = p/q`` at ``depth`` (1 for rules without one)."""
+        return 1.0
+
+    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
+        return p
+
+    def accepted_mass(self, p: np.ndarray, q: np.ndarray, depth: int) -> np.ndarray:
+        """``q * f_d`` at every token: the joint probability of drafting and accepting it."""
+        return np.minimum(q, self.relaxed_target(p, depth))
+
+    def residual(self, p: np.ndarray, q: np.ndarray, accepted: np.ndarray, rejected: int) -> np.ndarray:
+        """Target distribution after ``rejected`` was refused: ``G* = Norm([p - q f]_+)``."""
+        return normalise(np.maximum(p - accepted, 0.0), p)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return f"{self.name}({args})"
+
+
+Eagle = AcceptanceRule
+
+
+class UniformRSD(AcceptanceRule):
+    """``f = min(1, delta * r)`` at every depth."""
+
+    name = "uniform"
+
+    def __init__(self, delta: float = 1.0) -> None:
+        self.delta = _positive("delta", delta)
+
+    def params(self) -> dict:
+        return {"delta": self.delta}
+
+    def omega(self, depth: int) -> float:
+        return self.delta
+
+    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
+        return self.delta * p
+
+
+def resolve_mu(nu: float, mu: float | str, depth: int, schedule: str = "exp") -> float:
+    """The numeric ``mu``; ``"auto"`` makes the mean of ``omega_1..omega_depth`` equal ``delta`` (spec section 3)."""
+    if mu != "auto":
+        return _finite("mu", mu)
+    if schedule == "linear":
+        return -nu * (depth + 1) / 2
+    return math.log(np.exp(-nu * np.arange(1, depth + 1)).mean())
+
+
+def omega_schedule(delta: float, nu: float, mu: float | str, depth: int, schedule: str = "exp") -> list[float]:
+    """COOL-SD's ``omega_1..omega_D`` (spec section 3).
+
+    ``exp``: ``delta * exp(-nu d - mu)``; ``linear``: ``delta * (1 - nu d - mu)``, its first-order counterpart
+    (the paper's linear-decay ablation).
+    """
+    delta, nu = _positive("delta", delta), _finite("nu", nu)
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
+    if schedule not in ("exp", "linear"):
+        raise ValueError(f"schedule must be 'exp' or 'linear', got {schedule!r}")
+    mu = resolve_mu(nu, mu, depth, schedule)
+    d = np.arange(1, depth + 1, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        omegas = delta * np.exp(-nu * d - mu) if schedule == "exp" else delta * (1 - nu * d - mu)
+    if schedule == "linear" and omegas.min() <= 0:
+        raise ValueError(f"nu={nu} is too steep for a linear schedule over {depth} positions: omega_{depth} "
+                         f"would be {omegas[-1]:.3g}; lower nu or use schedule='exp'")
+    if not np.all(np.isfinite(omegas)):
+        raise ValueError(f"omega overflows for delta={delta}, nu={nu}, mu={mu}")
+    return omegas.tolist()
+
+
+class CoolSD(AcceptanceRule):
+    """``f_d = min(1, omega_d * r)`` with the annealed schedule ``omega_d`` (relax early depths more)."""
+
+    name = "cool"
+
+    def __init__(self, delta: float = 2.0, nu: float = 0.7, mu: float | str = "auto", depth: int = 5,
+                 schedule: str = "exp") -> None:
+        self.omegas = omega_schedule(delta, nu, mu, depth, schedule)
+        self.delta, self.nu, self.mu, self.depth, self.schedule = float(delta), float(nu), mu, depth, schedule
+
+    def params(self) -> dict:
+        return {"delta": self.delta, "nu": self.nu, "mu": self.mu, "schedule": self.schedule}
+
+    def omega(self, depth: int) -> float:
+        return self.omegas[min(depth, self.depth) - 1]
+
+    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
+        return self.omega(depth) * p
+
+
+def nearest_codes(codebook: Tensor, count: int, chunk: int = 2048) -> np.ndarray:
+    """For each code, the indices of its ``count`` nearest other codes by L2 distance, nearest first."""
+    codebook = codebook.float()
+    count = min(count, codebook.shape[0] - 1)
+    rows = []
+    for start in range(0, codebook.shape[0], chunk):
+        block = torch.cdist(codebook[start:start + chunk], codebook)
+        block[torch.arange(block.shape[0]), torch.arange(start, start + block.shape[0])] = math.inf
+        rows.append(torch.topk(block, count, dim=1, largest=False).indices)  # ties: lowest index first
+    return torch.cat(rows).numpy()
+
+
+class Lantern(AcceptanceRule):
+    """LANTERN++: ``p~(y) = p(y) + S_{m*}(y)``, the mass of up to ``k`` nearest codes that keeps
+    ``p~ <= lambda * p`` (spec section 3). ``residual="lantern"`` reproduces the published heuristic."""
+
+    name = "lantern"
+
+    def __init__(self, neighbours: np.ndarray, k: int = 10, lam: float = 5.0, residual: str = "gstar") -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be an integer >= 0, got {k!r}")
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 1:
+            raise ValueError(f"lambda must be a finite number >= 1, got {lam!r}")
+        if residual not in ("gstar", "lantern"):
+            raise ValueError(f"residual must be 'gstar' or 'lantern', got {residual!r}")
+        if neighbours.shape[1] < k + (residual == "lantern"):
+            raise ValueError(f"k={k} needs {k + 1} neighbours per code, the table has {neighbours.shape[1]}")
+        self.k, self.lam, self.residual_kind = k, float(lam), residual
+        self.neighbours = neighbours[:, :k]
+        self.wider = neighbours[:, :k + 1]  # the heuristic residual clears k+1 neighbours
+
+    def params(self) -> dict:
+        return {"k": self.k, "lambda": self.lam, "residual": self.residual_kind}
+
+    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
+        if self.k == 0:
+            return p
+        near = p[self.neighbours]  # (V, k)
+        within = np.cumsum(near, axis=1) <= (self.lam - 1) * p[:, None]  # a prefix: S_m grows with m
+        return p + (near * within).sum(axis=1)
+
+    def residual(self, p: np.ndarray, q: np.ndarray, accepted: np.ndarray, rejected: int) -> np.ndarray:
+        if self.residual_kind == "gstar":
+            return super().residual(p, q, accepted, rejected)
+        if self.k >= 1 and p[self.neighbours[rejected, 0]] <= (self.lam - 1) * p[rejected]:  # m*(y) >= 1
+            q = q.copy()
+            q[self.wider[rejected]] = 0.0
+        return normalise(np.maximum(p - q, 0.0), p)
+
+
+RULES: dict[str, type[AcceptanceRule]] = {"eagle": Eagle, "uniform": UniformRSD, "cool": CoolSD, "lantern": Lantern}

@@ -1,0 +1,152 @@
+"""What one generation reports: counts, per-depth acceptance, per-token origins, rounds, timings."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Where an image token came from.
+FIRST, DRAFT, RESAMPLED, BONUS, TARGET = "first", "draft", "resampled", "bonus", "target"
+
+
+@dataclass
+class Candidate:
+    """One tested draft candidate: tree node, depth, acceptance probability ``f``, whether it was accepted,
+    and its one-step total-variation cost ``e = sum [q f - p]_+`` (spec section 4)."""
+
+    node: int
+    depth: int
+    accept_prob: float
+    accepted: bool
+    cost: float
+
+
+@dataclass
+class Round:
+    """One target forward: the drafted tree (tokens, validity) and what verification made of it."""
+
+    start: int  # image index of the first token this round emits
+    drafted: list[int]  # token per tree node 1..M
+    valid: list[bool]
+    tested: list[Candidate]
+    level_accept_prob: dict[int, float]  # depth -> P(some candidate accepted | depth reached)
+    emitted: list[int]
+    next_origin: str
+
+    @property
+    def accepted(self) -> int:
+        return len(self.emitted) - 1
+
+    def to_dict(self) -> dict:
+        return {"start": self.start, "drafted": self.drafted, "valid": self.valid,
+                "tested": [vars(c) for c in self.tested], "emitted": self.emitted, "next_origin": self.next_origin,
+                "level_accept_prob": {str(k): v for k, v in self.level_accept_prob.items()}}
+
+
+@dataclass
+class Timer:
+    """Wall-clock seconds per phase; ``sync`` makes GPU work finish before a phase is closed."""
+
+    sync: callable = lambda: None
+    seconds: dict[str, float] = field(default_factory=lambda: {"drafting": 0.0, "target_forward": 0.0,
+                                                                "acceptance": 0.0})
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.seconds[name] += time.perf_counter() - start
+
+
+@dataclass
+class GenerationStats:
+    method: str
+    params: dict
+    draft: str
+    tree_depth: int
+    class_id: int
+    seed: int
+    sampling: dict
+    omegas: list[float]
+    rounds: list[Round] = field(default_factory=list)
+    token_origin: list[str] = field(default_factory=list)
+    token_depth: list[int] = field(default_factory=list)
+    token_accept_prob: list[float] = field(default_factory=list)
+    drafter_forwards: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    captured: list[dict] = field(default_factory=list)  # (depth, p, q) of first candidates, when asked
+
+    def emit(self, token_origin: str, depth: int = 0, accept_prob: float = math.nan) -> None:
+        self.token_origin.append(token_origin)
+        self.token_depth.append(depth)
+        self.token_accept_prob.append(accept_prob)
+
+    # Derived summaries -------------------------------------------------------------------------------
+    @property
+    def target_forwards(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_origin)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target forward (accepted drafts + 1); vanilla AR gives exactly 1."""
+        return self.tokens / max(1, self.target_forwards)
+
+    @property
+    def accepted_per_round(self) -> list[int]:
+        return [r.accepted for r in self.rounds]
+
+    @property
+    def relaxation_cost(self) -> float:
+        return float(sum(c.cost for r in self.rounds for c in r.tested))
+
+    def per_depth(self) -> dict[str, list]:
+        """Per draft depth 1..D: times reached, mean P(accept at depth | reached), empirical rate, omega,
+        and the mean acceptance probability of single candidates."""
+        depth = self.tree_depth
+        reached, accepted, prob = np.zeros(depth), np.zeros(depth), np.zeros(depth)
+        cand_n, cand_f = np.zeros(depth), np.zeros(depth)
+        for r in self.rounds:
+            for d, level_prob in r.level_accept_prob.items():
+                reached[d - 1] += 1
+                prob[d - 1] += level_prob
+            for c in r.tested:
+                accepted[c.depth - 1] += c.accepted
+                cand_n[c.depth - 1] += 1
+                cand_f[c.depth - 1] += c.accept_prob
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {"depth": list(range(1, depth + 1)), "reached": reached.astype(int).tolist(),
+                    "accept_prob": _nan_to_none(prob / reached), "accept_rate": _nan_to_none(accepted / reached),
+                    "candidates": cand_n.astype(int).tolist(), "candidate_accept_prob": _nan_to_none(cand_f / cand_n),
+                    "omega": self.omegas}
+
+    def summary(self) -> dict:
+        total = self.seconds.get("total", 0.0)
+        return {"method": self.method, "params": self.params, "draft": self.draft, "class_id": self.class_id,
+                "seed": self.seed, "sampling": self.sampling, "tokens": self.tokens,
+                "target_forwards": self.target_forwards, "drafter_forwards": self.drafter_forwards,
+                "tau": self.tau, "accepted_per_round": self.accepted_per_round,
+                "relaxation_cost": self.relaxation_cost, "per_depth": self.per_depth(),
+                "seconds": {**self.seconds, "total": total}}
+
+    def to_dict(self, rounds: bool = True) -> dict:
+        out = self.summary()
+        out["tokens_detail"] = {"origin": self.token_origin, "depth": self.token_depth,
+                                "accept_prob": _nan_to_none(np.array(self.token_accept_prob))}
+        if rounds:
+            out["rounds"] = [r.to_dict() for r in self.rounds]
+        return out
+
+
+def _nan_to_none(values: np.ndarray) -> list:
+    return [None if not np.isfinite(v) else float(v) for v in values]

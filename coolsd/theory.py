@@ -1,0 +1,56 @@
+"""Exact per-round quantities for a chain (spec section 4): acceptance rates, TV costs, E[N], TV bound."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .rules import AcceptanceRule
+
+
+def one_step(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int = 1) -> dict:
+    """Law of one verification step (draft ``y ~ q``, accept with ``f``, else draw from the residual), its
+    acceptance rate ``beta``, its cost ``e = sum [q f - p]_+`` and its exact TV distance to ``p``."""
+    accepted = rule.accepted_mass(p, q, depth)
+    rejected = q - accepted  # q(y) (1 - f(y)): drafting y and refusing it
+    output = accepted.copy()
+    for y in np.flatnonzero(rejected > 0):  # a heuristic residual may depend on which token was refused
+        output += rejected[y] * rule.residual(p, q, accepted, int(y))
+    beta = float(accepted.sum())
+    return {"beta": beta, "cost": float(np.maximum(accepted - p, 0.0).sum()), "output": output,
+            "tv": float(0.5 * np.abs(output - p).sum())}
+
+
+def chain_theory(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule) -> dict:
+    """For per-position target/draft distributions ``p, q`` (L, V): ``beta_i``, ``e_i``, the probability of
+    reaching position i, ``E[N] = sum_i prod_{j<=i} beta_j`` and the TV bound ``sum_i prod_{j<i} beta_j e_i``."""
+    depths = np.arange(1, len(p) + 1)
+    accepted = np.stack([rule.accepted_mass(p[i], q[i], int(d)) for i, d in enumerate(depths)])
+    beta = accepted.sum(axis=1)
+    cost = np.maximum(accepted - p, 0.0).sum(axis=1)
+    survive = np.cumprod(beta)
+    reach = np.concatenate([[1.0], survive[:-1]])
+    return {"depth": depths.tolist(), "omega": [rule.omega(int(d)) for d in depths], "beta": beta.tolist(),
+            "cost": cost.tolist(), "reach": reach.tolist(), "expected_accepted": float(survive.sum()),
+            "expected_tokens": float(survive.sum() + 1), "tv_bound": float((reach * cost).sum())}
+
+
+def toy_chain(vocab: int = 16, length: int = 5, seed: int = 0, concentration: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Random Dirichlet target/draft pairs per position, for exploring the theory without a model."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(vocab, concentration), size=length)
+    q = rng.dirichlet(np.full(vocab, concentration), size=length)
+    return p, q
+
+
+def solve_scale(expected_accepted: float, make_rule: Callable[[float], AcceptanceRule], p: np.ndarray,
+                q: np.ndarray, low: float = 1e-3, high: float = 1e3, steps: int = 100) -> float:
+    """The ``delta`` at which ``make_rule(delta)`` reaches a given ``E[N]`` (bisection; E[N] grows with delta)."""
+    for _ in range(steps):
+        mid = (low * high) ** 0.5
+        if chain_theory(p, q, make_rule(mid))["expected_accepted"] < expected_accepted:
+            low = mid
+        else:
+            high = mid
+    return (low * high) ** 0.5

@@ -1,0 +1,154 @@
+"""Draft structures (spec section 2): a chain is the static tree with one child per node.
+
+Nodes are numbered 1..M in (depth, path) order with the root (the last emitted token) as node 0, so each
+depth is a contiguous range and a parent always precedes its children.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    paths: tuple[Path, ...]
+    name: str = "tree"
+    _truncated: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _tensors: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        paths = tuple(sorted({tuple(int(i) for i in p) for p in self.paths}, key=lambda p: (len(p), p)))
+        known = set(paths)
+        for path in paths:
+            if not path or min(path) < 0:
+                raise ValueError(f"draft tree: invalid path {list(path)}")
+            if len(path) > 1 and path[:-1] not in known:
+                raise ValueError(f"draft tree: path {list(path)} has no parent {list(path[:-1])}")
+            if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in known:
+                raise ValueError(f"draft tree: path {list(path)} skips sibling {path[-1] - 1}")
+        object.__setattr__(self, "paths", paths)
+
+    @property
+    def size(self) -> int:
+        """Number of drafted nodes M (the root not counted)."""
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return len(self.paths[-1]) if self.paths else 0
+
+    @cached_property
+    def parent(self) -> list[int]:
+        """``parent[i]`` for nodes 1..M (index 0, the root, maps to -1)."""
+        index = {p: i + 1 for i, p in enumerate(self.paths)}
+        return [-1] + [index.get(p[:-1], 0) for p in self.paths]
+
+    @cached_property
+    def depths(self) -> list[int]:
+        return [0] + [len(p) for p in self.paths]
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        """Children of each node, in draw order (the ``b``-th child gets the ``b``-th token drawn)."""
+        kids: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for node in range(1, self.size + 1):
+            kids[self.parent[node]].append(node)
+        return kids
+
+    @cached_property
+    def levels(self) -> list[range]:
+        """``levels[d]``: the node indices at depth ``d`` (``levels[0]`` is the root)."""
+        bounds = [0] + [sum(1 for p in self.paths if len(p) <= d) + 1 for d in range(self.depth + 1)]
+        return [range(bounds[d], bounds[d + 1]) for d in range(self.depth + 1)]
+
+    @cached_property
+    def ancestor_mask(self) -> torch.Tensor:
+        """(M+1, M+1) bool: ``[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors."""
+        mask = torch.eye(self.size + 1, dtype=torch.bool)
+        for node in range(1, self.size + 1):
+            mask[node] |= mask[self.parent[node]]
+        return mask
+
+    @cached_property
+    def level_draws(self) -> list[dict]:
+        """Per depth d>=1, how its nodes get their tokens: the distinct parents (each drafts ``width``
+        tokens without replacement), and each node's parent, parent slot and child rank."""
+        out = []
+        for d in range(1, self.depth + 1):
+            nodes = list(self.levels[d])
+            parents = [self.parent[n] for n in nodes]
+            distinct = sorted(set(parents))
+            ranks = [self.paths[n - 1][-1] for n in nodes]
+            out.append({"parents": parents, "distinct": distinct, "slot": [distinct.index(p) for p in parents],
+                        "rank": ranks, "width": max(ranks) + 1})
+        return out
+
+    def tensors(self, device: torch.device) -> dict:
+        """The index tensors the decoding loop needs, built once per device."""
+        key = str(device)
+        if key not in self._tensors:
+            levels = [{k: torch.tensor(v, device=device) if isinstance(v, list) else v for k, v in lvl.items()}
+                      for lvl in self.level_draws]
+            self._tensors[key] = {"depths": torch.tensor(self.depths, device=device),
+                                  "mask": self.ancestor_mask.to(device), "levels": levels}
+        return self._tensors[key]
+
+    def truncated(self, max_depth: int) -> "DraftTree":
+        """The same tree cut at ``max_depth`` (used near the end of the image)."""
+        if max_depth >= self.depth:
+            return self
+        if max_depth not in self._truncated:
+            self._truncated[max_depth] = DraftTree(tuple(p for p in self.paths if len(p) <= max_depth),
+                                                   f"{self.name}@{max_depth}")
+        return self._truncated[max_depth]
+
+
+def chain(length: int) -> DraftTree:
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"chain length must be an integer >= 1, got {length!r}")
+    return DraftTree(tuple((0,) * d for d in range(1, length + 1)), f"chain:{length}")
+
+
+def rank_budget_tree(budgets: tuple[int, ...]) -> tuple[Path, ...]:
+    """Every path whose child ranks sum to at most ``budgets[depth-1]``: wide near the root, thin below."""
+    paths = []
+    for depth, budget in enumerate(budgets, start=1):
+        paths += [p for p in itertools.product(range(budget + 1), repeat=depth) if sum(p) <= budget]
+    return tuple(paths)
+
+
+# Eagle-1's default static tree (25 nodes, depth 5; "mc_sim_7b_63" in the Eagle-1 code base).
+EAGLE25 = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+           (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+           (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1))
+
+TREES: dict[str, tuple[Path, ...]] = {
+    "eagle25": EAGLE25,
+    # A wider 57-node depth-5 tree of the kind LANTERN++ uses (11, 15, 20, 5, 6 nodes per depth).
+    "wide57": rank_budget_tree((10, 4, 3, 1, 1)),
+}
+
+
+def parse_draft(spec: "str | DraftTree") -> DraftTree:
+    """``chain:L`` or ``tree:<preset>`` (presets: see ``TREES``)."""
+    if isinstance(spec, DraftTree):
+        if not spec.size:
+            raise ValueError("draft tree is empty: it needs at least one node")
+        return spec
+    kind, _, arg = str(spec).partition(":")
+    if kind == "chain":
+        try:
+            return chain(int(arg))
+        except ValueError:
+            raise ValueError(f"draft: chain length must be an integer >= 1, got {arg!r}") from None
+    if kind == "tree":
+        if arg not in TREES:
+            raise ValueError(f"draft: unknown tree preset {arg!r}; choose one of {sorted(TREES)}")
+        return DraftTree(TREES[arg], f"tree:{arg}")
+    raise ValueError(f"draft must look like 'chain:5' or 'tree:eagle25', got {spec!r}")

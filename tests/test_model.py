@@ -1,0 +1,121 @@
+"""Models and KV cache: cached steps, chain and tree scoring equal a full uncached forward."""
+
+import random
+
+import pytest
+import torch
+
+from coolsd.decode import draft
+from coolsd.model import CONFIGS, Drafter, ModelConfig, Transformer, parameter_count
+from coolsd.sampling import SamplingConfig, probabilities
+from coolsd.trees import DraftTree, chain, parse_draft
+
+from helpers import peaky_bundle
+
+CFG = ModelConfig(vocab_size=11, dim=32, n_layer=2, n_head=2, num_classes=3, grid_height=3, grid_width=4,
+                  multiple_of=16)
+
+
+def reference_hidden(target: Transformer, labels: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """Uncached causal forward over [class, tokens...] -> hidden (rows, T, dim)."""
+    seq = torch.tensor(tokens + [0])[None].expand(len(labels), -1)
+    return target(target.sequence_inputs(labels, seq), torch.arange(len(tokens) + 1))
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_cache_matches_uncached_forward_over_rounds(rows):
+    torch.manual_seed(0)
+    random.seed(0)
+    target = Transformer(CFG).eval()
+    labels = torch.tensor([1, CFG.null_class][:rows])
+    tree = parse_draft("tree:eagle25")
+    cache = target.new_cache(rows, CFG.image_tokens + tree.size + 1)
+    committed: list[int] = []  # tokens whose keys/values are in the cache (after the class token)
+    with torch.no_grad():
+        target(target.class_inputs(labels), torch.tensor([0]), cache)
+        cache.commit([0])
+        checks = 0
+        while len(committed) + 1 < CFG.image_tokens:
+            root = random.randrange(CFG.vocab_size)
+            n = len(committed) + 1  # sequence position of the root token
+            kind = random.choice(["step", "chain", "tree"])
+            shape = {"step": DraftTree(()), "chain": chain(3), "tree": tree}[kind]
+            shape = shape.truncated(CFG.image_tokens - n - 1)
+            nodes = [root] + [random.randrange(CFG.vocab_size) for _ in range(shape.size)]
+            mask = shape.ancestor_mask if shape.size else None
+            embeds = target.tok_embeddings(torch.tensor(nodes))[None].expand(rows, -1, -1)
+            hidden = target(embeds, n + torch.tensor(shape.depths), cache, 0, mask)
+            for node in range(shape.size + 1):  # every node against the uncached forward of its own path
+                path, walk = [], node
+                while walk > 0:
+                    path.insert(0, nodes[walk])
+                    walk = shape.parent[walk]
+                ref = reference_hidden(target, labels, committed + [root] + path)[:, -1]
+                torch.testing.assert_close(hidden[:, node], ref, atol=1e-5, rtol=1e-4)
+                checks += 1
+            # commit a random root-to-node path, discard the rest
+            end = random.randrange(shape.size + 1)
+            keep, walk = [], end
+            while walk > 0:
+                keep.insert(0, walk)
+                walk = shape.parent[walk]
+            cache.commit([0] + keep)
+            committed += [root] + [nodes[i] for i in keep]
+            assert cache.length == len(committed) + 1
+    assert checks > 20
+
+
+def test_drafter_tree_matches_uncached_drafter():
+    """Drafted tree features equal an uncached drafter run along each node's path (Eagle-1 inputs)."""
+    bundle = peaky_bundle(CFG, std=0.3)
+    target, drafter = bundle.target, bundle.drafter
+    sampling = SamplingConfig(cfg_scale=2.0)
+    tree = parse_draft("tree:eagle25").truncated(3)
+    rows = 2
+    generator = torch.Generator().manual_seed(0)
+    committed = [3, 7, 1]  # x_1..x_3
+    features = torch.randn(rows, 3, CFG.dim)  # stand-ins for target features h_0..h_2
+    cache = drafter.new_cache(rows, 32)
+    with torch.no_grad():
+        # first round caught up on h_0 only; second round on h_1, h_2 with tokens x_2, x_3
+        draft(drafter, target, cache, tree, committed[:1], features[:, :1], sampling, generator)
+        tokens, valid, q, node_features = draft(drafter, target, cache, tree, committed[1:], features[:, 1:],
+                                                sampling, generator)
+        assert cache.length == 3
+        for node in range(1, tree.levels[tree.depth].start):  # the deepest level is not fed back
+            path, walk = [], node
+            while walk > 0:
+                path.insert(0, walk)
+                walk = tree.parent[walk]
+            # uncached: inputs (embed(x_{i+1}), feature_i), the drafter's own predictions along the path
+            toks, feats = list(committed), features
+            out = drafter(target.tok_embeddings(torch.tensor(toks))[None].expand(rows, -1, -1), feats,
+                          torch.arange(len(toks)))
+            for i in path:
+                toks, feats = toks + [tokens[i].item()], torch.cat([feats, out[:, -1:]], dim=1)
+                out = drafter(target.tok_embeddings(torch.tensor(toks))[None].expand(rows, -1, -1), feats,
+                              torch.arange(len(toks)))
+            torch.testing.assert_close(node_features[:, node], out[:, -1], atol=1e-4, rtol=1e-4)
+            if tree.children[node]:
+                expected_q = probabilities(target.output(out[:, -1:]), sampling)[0]
+                torch.testing.assert_close(q[node], expected_q, atol=1e-6, rtol=1e-5)
+            assert valid[node]
+
+
+def test_llamagen_shapes():
+    """Our B config has LlamaGen-B's parameter count (111M) and key names."""
+    with torch.device("meta"):
+        model = Transformer(CONFIGS["llamagen-b"])
+    assert abs(parameter_count(model) - 111e6) < 1.5e6
+    keys = set(model.state_dict())
+    for key in ["tok_embeddings.weight", "cls_embedding.embedding_table.weight", "layers.0.attention.wqkv.weight",
+                "layers.0.attention.wo.weight", "layers.0.feed_forward.w1.weight", "layers.11.ffn_norm.weight",
+                "norm.weight", "output.weight"]:
+        assert key in keys
+    assert model.cls_embedding.embedding_table.weight.shape == (1001, 768)
+
+
+def test_small_config_is_about_ten_million_parameters():
+    with torch.device("meta"):
+        assert 8e6 < parameter_count(Transformer(CONFIGS["small"])) < 12e6
+        assert parameter_count(Drafter(CONFIGS["small"])) < parameter_count(Transformer(CONFIGS["small"])) / 5

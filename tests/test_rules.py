@@ -1,0 +1,219 @@
+"""Acceptance rules and residuals against their closed forms (spec section 3, property 2)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from coolsd.decode import build_rule, verify
+from coolsd.rules import CoolSD, Eagle, Lantern, UniformRSD, nearest_codes, omega_schedule, resolve_mu
+from coolsd.theory import one_step
+from coolsd.trees import DraftTree
+
+V = 12
+RNG = np.random.default_rng(0)
+
+
+def random_pairs(count=50, vocab=V, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        alpha = rng.choice([0.2, 1.0, 5.0])
+        p, q = rng.dirichlet(np.full(vocab, alpha)), rng.dirichlet(np.full(vocab, alpha))
+        p[rng.random(vocab) < 0.2] = 0  # filtered tokens have exactly zero mass
+        q[rng.random(vocab) < 0.2] = 0
+        if p.sum() == 0 or q.sum() == 0:
+            continue
+        yield p / p.sum(), q / q.sum()
+
+
+def brute_force_m_star(p, neighbours, k, lam, y):
+    """m* = max{m <= k : S_m(y) <= (lambda-1) p(y)} and S_{m*}(y), by trying every m."""
+    best_m, best_s = 0, 0.0
+    for m in range(0, k + 1):
+        s_m = sum(p[neighbours[y, j]] for j in range(m))
+        if s_m <= (lam - 1) * p[y]:
+            best_m, best_s = m, s_m
+    return best_m, best_s
+
+
+def brute_force_lantern_target(p, neighbours, k, lam):
+    """p~(y) = p(y) + S_{m*}(y), one token at a time."""
+    return np.array([p[y] + brute_force_m_star(p, neighbours, k, lam, y)[1] for y in range(len(p))])
+
+
+def lantern_rule(k=3, lam=2.0, residual="gstar", vocab=V):
+    codebook = torch.nn.functional.normalize(torch.randn(vocab, 4, generator=torch.Generator().manual_seed(1)), dim=-1)
+    return Lantern(nearest_codes(codebook, k + 1), k=k, lam=lam, residual=residual)
+
+
+RULES = {
+    "eagle": Eagle(),
+    "uniform": UniformRSD(delta=2.0),
+    "cool": CoolSD(delta=2.0, nu=0.7, mu="auto", depth=5),
+    "cool-manual-mu": CoolSD(delta=1.1, nu=0.3, mu=-0.5, depth=5),
+    "lantern": lantern_rule(),
+    "lantern-heuristic": lantern_rule(residual="lantern"),
+}
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_acceptance_probability_closed_form(name):
+    rule = RULES[name]
+    for p, q in random_pairs():
+        for depth in range(1, 6):
+            mass = rule.accepted_mass(p, q, depth)
+            support = q > 0
+            f = np.where(support, mass / np.where(support, q, 1), 0)
+            if name in ("eagle", "uniform") or name.startswith("cool"):
+                expected = np.minimum(1, rule.omega(depth) * p / np.where(support, q, 1))
+            else:
+                expected = np.minimum(1, brute_force_lantern_target(p, rule.neighbours, rule.k, rule.lam)
+                                      / np.where(support, q, 1))
+            np.testing.assert_allclose(f[support], expected[support], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["eagle", "uniform", "cool", "cool-manual-mu", "lantern"])
+def test_gstar_closed_form_and_property_2(name):
+    """G* = Norm([p - q f]_+); the step's law q f + (1 - sum q f) G* equals p when q f <= p pointwise, and its
+    TV distance to p always equals e = sum [q f - p]_+."""
+    rule = RULES[name]
+    exact_steps = relaxed_steps = 0
+    for p, q in random_pairs():
+        for depth in (1, 3, 5):
+            mass = rule.accepted_mass(p, q, depth)
+            gstar = rule.residual(p, q, mass, rejected=0)
+            positive = np.maximum(p - mass, 0)
+            if positive.sum() > 1e-12:
+                np.testing.assert_allclose(gstar, positive / positive.sum(), atol=1e-12)
+            if name in ("uniform", "cool", "cool-manual-mu"):  # the spec's equivalent form
+                omega = rule.omega(depth)
+                alt = np.maximum(np.maximum(p - q, (1 - omega) * p), 0)
+                if alt.sum() > 1e-12:
+                    np.testing.assert_allclose(gstar, alt / alt.sum(), atol=1e-12)
+            step = one_step(p, q, rule, depth)
+            if np.all(mass <= p):
+                exact_steps += 1
+                np.testing.assert_allclose(step["output"], p, atol=1e-12)
+                assert step["cost"] == 0.0
+            else:
+                relaxed_steps += 1
+            assert step["tv"] == pytest.approx(step["cost"], abs=1e-12)
+            assert step["output"].sum() == pytest.approx(1.0, abs=1e-12)
+    assert exact_steps > 0
+    assert relaxed_steps > 0 or name == "eagle"
+
+
+def test_lossless_rules_have_zero_cost_and_exact_law():
+    for p, q in random_pairs():
+        for rule in (Eagle(), CoolSD(delta=1.0, nu=0.0, mu=0.0, depth=3), UniformRSD(delta=0.5)):
+            step = one_step(p, q, rule)
+            assert step["cost"] == 0.0
+            np.testing.assert_allclose(step["output"], p, atol=1e-12)
+
+
+def test_lantern_heuristic_residual():
+    """On rejecting y with m*(y) >= 1, q is cleared on y's k+1 nearest codes (not on y), then Norm([p - q]_+)."""
+    rule = RULES["lantern-heuristic"]
+    hits = 0
+    for p, q in random_pairs():
+        mass = rule.accepted_mass(p, q, 1)
+        for y in range(V):
+            got = rule.residual(p, q, mass, y)
+            q_mod = q.copy()
+            if brute_force_m_star(p, rule.neighbours, rule.k, rule.lam, y)[0] >= 1:
+                q_mod[rule.wider[y]] = 0
+                hits += 1
+            expected = np.maximum(p - q_mod, 0)
+            expected = expected / expected.sum() if expected.sum() > 1e-12 else p
+            np.testing.assert_allclose(got, expected, atol=1e-12)
+            assert y not in rule.wider[y]
+    assert hits > 50
+
+
+def test_lantern_target_is_bounded_and_brute_force_matches():
+    for k, lam in [(0, 3.0), (1, 1.0), (3, 2.0), (10, 5.0)]:
+        rule = lantern_rule(k=k, lam=lam)
+        for p, _ in random_pairs(20):
+            relaxed = rule.relaxed_target(p, 1)
+            np.testing.assert_allclose(relaxed, brute_force_lantern_target(p, rule.neighbours, k, lam), atol=1e-15)
+            assert np.all(relaxed <= lam * p + 1e-15)
+            assert np.all(relaxed >= p)
+
+
+def test_nearest_codes_order():
+    codebook = torch.tensor([[0.0], [1.0], [3.0], [6.0], [10.0]])
+    table = nearest_codes(codebook, 3)
+    assert table.tolist() == [[1, 2, 3], [0, 2, 3], [1, 3, 0], [2, 4, 1], [3, 2, 1]]
+    assert nearest_codes(codebook, 3, chunk=2).tolist() == table.tolist()
+
+
+def test_mu_auto_makes_mean_omega_delta():
+    for delta in (1.1, 2.0, 3.7):
+        for nu in (0.0, 0.3, 0.7, 1.5, -0.5):
+            for depth in (1, 3, 5, 8):
+                assert np.mean(omega_schedule(delta, nu, "auto", depth)) == pytest.approx(delta, rel=1e-12)
+        assert np.mean(omega_schedule(delta, 0.1, "auto", 5, "linear")) == pytest.approx(delta, rel=1e-12)
+    assert resolve_mu(0.7, "auto", 5) == pytest.approx(math.log(np.mean(np.exp(-0.7 * np.arange(1, 6)))))
+    # decaying: relax early positions more
+    omegas = omega_schedule(2.0, 0.7, "auto", 5)
+    assert all(a > b for a, b in zip(omegas, omegas[1:]))
+    assert omega_schedule(1.0, 0.0, 0.0, 5) == [1.0] * 5
+    assert omega_schedule(2.0, 0.5, 0.1, 3) == pytest.approx([2.0 * math.exp(-0.5 * d - 0.1) for d in (1, 2, 3)])
+
+
+def test_raising_delta_never_lowers_acceptance():
+    deltas = [0.5, 1.0, 1.1, 1.5, 2.0, 4.0, 10.0]
+    for p, q in random_pairs():
+        for make in (lambda d: UniformRSD(d), lambda d: CoolSD(d, 0.7, "auto", 5), lambda d: CoolSD(d, 0.2, 0.3, 5)):
+            for depth in range(1, 6):
+                probs = [make(d).accepted_mass(p, q, depth) for d in deltas]
+                for low, high in zip(probs, probs[1:]):
+                    assert np.all(high >= low - 1e-15)
+    for p, q in random_pairs(20):  # LANTERN++: larger lambda and k never lower it either
+        low, high = lantern_rule(3, 1.5).accepted_mass(p, q, 1), lantern_rule(3, 3.0).accepted_mass(p, q, 1)
+        assert np.all(high >= low - 1e-15)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: UniformRSD(-1.0), "delta"),
+    (lambda: UniformRSD(0.0), "delta"),
+    (lambda: CoolSD(delta=-2.0), "delta"),
+    (lambda: CoolSD(delta=2.0, nu=float("nan")), "nu"),
+    (lambda: CoolSD(delta=2.0, mu="sometimes"), "mu"),
+    (lambda: CoolSD(delta=2.0, nu=0.7, schedule="linear"), "nu"),
+    (lambda: CoolSD(delta=2.0, schedule="cosine"), "schedule"),
+    (lambda: lantern_rule(k=-1), "k"),
+    (lambda: lantern_rule(lam=0.5), "lambda"),
+    (lambda: lantern_rule(residual="other"), "residual"),
+    (lambda: build_rule("medusa", {}, 5), "method"),
+    (lambda: build_rule("cool", {"k": 3}, 5), "k"),
+    (lambda: build_rule("lantern", {"k": 2.5}, 5, lambda n: np.zeros((V, n), dtype=int)), "k"),
+    (lambda: DraftTree(((0,), (0, 0, 0))), "parent"),
+    (lambda: DraftTree(((1,),)), "sibling"),
+])
+def test_invalid_parameters_raise_named_value_errors(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call()
+
+
+def test_verify_sibling_with_tiny_remaining_draft_mass():
+    """A sibling drawn where q is nearly one-hot: after removing the first draw, q must be renormalised even
+    though its remaining mass is tiny (a regression the enumeration test caught)."""
+    tree = DraftTree(((0,), (1,)))
+    p = np.array([0.2, 0.05, 0.3, 0.45])
+    q = np.array([1e-20, 3e-20, 1.0, 1e-21])
+    q /= q.sum()
+    rows_p, rows_q = np.stack([p, p, p]), np.stack([q, np.zeros(4), np.zeros(4)])
+    drafted, valid = [0, 2, 1], [True, True, True]
+    seen = {}
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        path, token, origin, tested, level = verify(tree, drafted, valid, rows_p, rows_q, Eagle(), rng)
+        for c in tested:
+            seen[c.node] = c.accept_prob
+    # second sibling: target residual Norm([p - q]_+) = (0.2, 0.05, 0, 0.45)/0.7; q without 2 is (1/4.1e-20)*(...)
+    residual = np.array([0.2, 0.05, 0, 0.45]) / 0.7
+    q_rest = np.array([1e-20, 3e-20, 0, 1e-21]) / 4.1e-20
+    assert seen[2] == pytest.approx(min(1, residual[1] / q_rest[1]), rel=1e-9)
+    assert seen[1] == pytest.approx(0.3, rel=1e-9)
