@@ -1,0 +1,101 @@
+"""The quality judge: a small Fashion-MNIST classifier whose penultimate features also drive an FID.
+
+Class consistency = share of samples the judge puts in the class they were generated for. FID is
+torchmetrics' Frechet distance in the judge's 128-d feature space against the shipped test-set statistics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torchmetrics.image.fid import FrechetInceptionDistance
+
+REFERENCE_KEYS = ("real_features_sum", "real_features_cov_sum", "real_features_num_samples")
+
+
+class Judge(nn.Module):
+    num_features = 128
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Dropout(0.25), nn.Linear(64 * 7 * 7, self.num_features), nn.ReLU())
+        self.head = nn.Sequential(nn.Dropout(0.25), nn.Linear(self.num_features, 10))
+        self.reference: dict[str, Tensor] | None = None  # test-set feature statistics for the FID
+
+    @property
+    def device(self) -> torch.device:
+        return self.head[1].weight.device
+
+    def features(self, images: Tensor) -> Tensor:
+        """uint8 images (N, 28, 28) or float images in [0, 1] (N, 1, 28, 28) -> (N, 128)."""
+        x = images.to(self.device)
+        if x.dtype == torch.uint8:
+            x = x.float().div(255.0)
+        return self.body(x if x.dim() == 4 else x[:, None])
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.head(self.features(images))
+
+
+class JudgeFeatures(nn.Module):
+    """The judge's feature map in the form torchmetrics expects of a custom FID extractor."""
+
+    def __init__(self, judge: Judge) -> None:
+        super().__init__()
+        self.judge = judge
+        self.num_features = judge.num_features
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.judge.features(images)
+
+
+def new_fid(judge: Judge, reference: dict[str, Tensor] | None = None) -> FrechetInceptionDistance:
+    """An FID metric on the judge's features, with the real-image statistics preloaded when given."""
+    fid = FrechetInceptionDistance(feature=JudgeFeatures(judge).eval(), reset_real_features=reference is None)
+    if reference is not None:
+        for key in REFERENCE_KEYS:
+            setattr(fid, key, reference[key].to(getattr(fid, key).dtype))
+    return fid
+
+
+@torch.no_grad()
+def reference_statistics(judge: Judge, images: Tensor, batch: int = 1000) -> dict[str, Tensor]:
+    """Sums of the judge features and their outer products over real images (what the FID needs of them)."""
+    fid = new_fid(judge.eval())
+    for start in range(0, len(images), batch):
+        fid.update(images[start:start + batch], real=True)
+    return {key: getattr(fid, key).cpu() for key in REFERENCE_KEYS}
+
+
+@torch.no_grad()
+def judge_metrics(bundle, images: list[np.ndarray], classes: list[int]) -> dict:
+    """``judge_accuracy`` (class consistency) and ``fid`` of generated uint8 images against the test set."""
+    judge = bundle.judge.eval()
+    batch = torch.from_numpy(np.stack(images))
+    predicted = judge(batch).argmax(-1).cpu()
+    accuracy = float((predicted == torch.tensor(classes)).float().mean())
+    out = {"judge_accuracy": accuracy, "fid_images": len(images)}
+    if len(images) >= 2:
+        fid = new_fid(judge, judge.reference)
+        fid.update(batch, real=False)
+        out["fid"] = float(fid.compute())
+    return out
+
+
+def save_judge(judge: Judge, reference: dict[str, Tensor], path: Path) -> None:
+    save_file({k: v.contiguous() for k, v in judge.state_dict().items()}, path / "judge.safetensors")
+    save_file({k: v.contiguous() for k, v in reference.items()}, path / "judge_reference.safetensors")
+
+
+def load_judge(path: Path) -> Judge:
+    judge = Judge()
+    judge.load_state_dict(load_file(path / "judge.safetensors"))
+    judge.reference = load_file(path / "judge_reference.safetensors")
+    return judge.eval()
