@@ -85,6 +85,19 @@ def rope_table(cfg: ModelConfig) -> Tensor:
     return torch.cat([torch.zeros(1, 2 * quarter, dtype=table.dtype), table])  # (1 + image_tokens, head_dim/2)
 
 
+class RotaryTable:
+    """The RoPE table kept in complex64 on whichever device asks for it; deliberately not a buffer, so that
+    casting a model to bf16 leaves the rotations exact (as LlamaGen keeps ``freqs_cis`` out of its state)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.table = rope_table(cfg)
+
+    def __call__(self, positions: Tensor) -> Tensor:
+        if self.table.device != positions.device:
+            self.table = self.table.to(positions.device)
+        return self.table[positions]
+
+
 def apply_rope(x: Tensor, table: Tensor) -> Tensor:
     """Rotate adjacent pairs of ``x`` (B, T, ..., D) by the complex ``table`` (T, D/2)."""
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
@@ -210,7 +223,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.register_buffer("rope", rope_table(cfg), persistent=False)
+        self.rope = RotaryTable(cfg)
         self.apply(init_weights)
 
     def new_cache(self, rows: int, max_len: int) -> KVCache:
@@ -224,7 +237,7 @@ class Transformer(nn.Module):
         Without a cache the attention is causal over ``x`` (training, reference). With one, ``mask`` is the
         pending-area mask described in :func:`visibility_mask`.
         """
-        rope = self.rope[positions]
+        rope = self.rope(positions)
         full_mask = visibility_mask(cache, offset, mask, x.shape[1]) if cache is not None else None
         for layer, block in enumerate(self.layers):
             x = block(x, rope, cache, layer, offset, full_mask)
@@ -248,7 +261,7 @@ class Drafter(nn.Module):
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)
         self.layer = TransformerBlock(cfg)
-        self.register_buffer("rope", rope_table(cfg), persistent=False)
+        self.rope = RotaryTable(cfg)
         self.apply(init_weights)
 
     def new_cache(self, rows: int, max_len: int) -> KVCache:
@@ -259,7 +272,7 @@ class Drafter(nn.Module):
                 offset: int = 0, mask: Tensor | None = None) -> Tensor:
         x = self.fc(torch.cat([token_embeds, features], dim=-1))
         full_mask = visibility_mask(cache, offset, mask, x.shape[1]) if cache is not None else None
-        return self.layer(x, self.rope[positions], cache, 0, offset, full_mask)
+        return self.layer(x, self.rope(positions), cache, 0, offset, full_mask)
 
 
 def init_weights(module: nn.Module) -> None:

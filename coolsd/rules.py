@@ -171,11 +171,23 @@ class Lantern(AcceptanceRule):
         return {"k": self.k, "lambda": self.lam, "residual": self.residual_kind}
 
     def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
+        return self.relaxed_at(p, np.arange(len(p)))
+
+    def relaxed_at(self, p: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """``p~`` at ``tokens`` only."""
         if self.k == 0:
-            return p
-        near = p[self.neighbours]  # (V, k)
-        within = np.cumsum(near, axis=1) <= (self.lam - 1) * p[:, None]  # a prefix: S_m grows with m
-        return p + (near * within).sum(axis=1)
+            return p[tokens]
+        near = p[self.neighbours[tokens]]  # (n, k)
+        within = np.cumsum(near, axis=1) <= (self.lam - 1) * p[tokens, None]  # a prefix: S_m grows with m
+        return p[tokens] + (near * within).sum(axis=1)
+
+    def accepted_mass(self, p: np.ndarray, q: np.ndarray, depth: int) -> np.ndarray:
+        """Same value as the base class, computed faster: since ``p~ >= p``, ``min(q, p~) = q`` wherever
+        ``q <= p``, so ``p~`` is only needed where the draft overshoots the target."""
+        mass = q.copy()
+        over = np.flatnonzero(q > p)
+        mass[over] = np.minimum(q[over], self.relaxed_at(p, over))
+        return mass
 
     def residual(self, p: np.ndarray, q: np.ndarray, accepted: np.ndarray, rejected: int) -> np.ndarray:
         if self.residual_kind == "gstar":

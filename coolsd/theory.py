@@ -22,18 +22,26 @@ def one_step(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int = 1)
             "tv": float(0.5 * np.abs(output - p).sum())}
 
 
-def chain_theory(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule) -> dict:
-    """For per-position target/draft distributions ``p, q`` (L, V): ``beta_i``, ``e_i``, the probability of
-    reaching position i, ``E[N] = sum_i prod_{j<=i} beta_j`` and the TV bound ``sum_i prod_{j<i} beta_j e_i``."""
-    depths = np.arange(1, len(p) + 1)
-    accepted = np.stack([rule.accepted_mass(p[i], q[i], int(d)) for i, d in enumerate(depths)])
-    beta = accepted.sum(axis=1)
-    cost = np.maximum(accepted - p, 0.0).sum(axis=1)
+def step_rates(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int) -> tuple[float, float]:
+    """``beta = sum_y q(y) f(y)`` and ``e = sum_y [q(y) f(y) - p(y)]_+`` of one draft position."""
+    accepted = rule.accepted_mass(p, q, depth)
+    return float(accepted.sum()), float(np.maximum(accepted - p, 0.0).sum())
+
+
+def round_summary(depths: list[int], beta: list[float], cost: list[float], omegas: list[float]) -> dict:
+    """``E[N] = sum_i prod_{j<=i} beta_j`` and the TV bound ``sum_i prod_{j<i} beta_j e_i`` (spec section 4)."""
     survive = np.cumprod(beta)
     reach = np.concatenate([[1.0], survive[:-1]])
-    return {"depth": depths.tolist(), "omega": [rule.omega(int(d)) for d in depths], "beta": beta.tolist(),
-            "cost": cost.tolist(), "reach": reach.tolist(), "expected_accepted": float(survive.sum()),
-            "expected_tokens": float(survive.sum() + 1), "tv_bound": float((reach * cost).sum())}
+    return {"depth": list(depths), "omega": list(omegas), "beta": list(beta), "cost": list(cost),
+            "reach": reach.tolist(), "expected_accepted": float(survive.sum()),
+            "expected_tokens": float(survive.sum() + 1), "tv_bound": float((reach * np.asarray(cost)).sum())}
+
+
+def chain_theory(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule) -> dict:
+    """The round summary for per-position target/draft distributions ``p, q`` (L, V)."""
+    depths = list(range(1, len(p) + 1))
+    rates = [step_rates(p[i], q[i], rule, d) for i, d in enumerate(depths)]
+    return round_summary(depths, [b for b, _ in rates], [e for _, e in rates], [rule.omega(d) for d in depths])
 
 
 def toy_chain(vocab: int = 16, length: int = 5, seed: int = 0, concentration: float = 0.5) -> tuple[np.ndarray, np.ndarray]:

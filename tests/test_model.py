@@ -119,3 +119,17 @@ def test_small_config_is_about_ten_million_parameters():
     with torch.device("meta"):
         assert 8e6 < parameter_count(Transformer(CONFIGS["small"])) < 12e6
         assert parameter_count(Drafter(CONFIGS["small"])) < parameter_count(Transformer(CONFIGS["small"])) / 5
+
+
+def test_bfloat16_models_decode():
+    """The CUDA path runs the models in bf16; the same dtype handling is exercised here on the CPU."""
+    from coolsd.bundle import random_bundle
+    from coolsd.decode import generate
+
+    bundle = random_bundle("tiny").to("cpu", torch.bfloat16)
+    assert bundle.target.output.weight.dtype == torch.bfloat16
+    for method, params in [("ar", {}), ("eagle", {}), ("cool", {"delta": 2.0}), ("lantern", {"k": 3})]:
+        for draft in ("chain:4", "tree:eagle25"):
+            result = generate(bundle, 1, method, params, draft, SamplingConfig(cfg_scale=2.0), seed=0)
+            assert len(result.tokens) == bundle.config.image_tokens
+            assert all(0 <= t < bundle.config.vocab_size for t in result.tokens)

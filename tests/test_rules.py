@@ -9,7 +9,7 @@ import torch
 from coolsd.decode import build_rule, verify
 from coolsd.rules import CoolSD, Eagle, Lantern, UniformRSD, nearest_codes, omega_schedule, resolve_mu
 from coolsd.theory import one_step
-from coolsd.trees import DraftTree
+from coolsd.trees import DraftTree, parse_draft
 
 V = 12
 RNG = np.random.default_rng(0)
@@ -190,6 +190,8 @@ def test_raising_delta_never_lowers_acceptance():
     (lambda: build_rule("cool", {"k": 3}, 5), "k"),
     (lambda: build_rule("lantern", {"k": 2.5}, 5, lambda n: np.zeros((V, n), dtype=int)), "k"),
     (lambda: DraftTree(((0,), (0, 0, 0))), "parent"),
+    (lambda: parse_draft(DraftTree(())), "draft tree is empty"),
+    (lambda: parse_draft("chain:0"), "chain length"),
     (lambda: DraftTree(((1,),)), "sibling"),
 ])
 def test_invalid_parameters_raise_named_value_errors(call, needle):
