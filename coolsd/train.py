@@ -34,7 +34,7 @@ from .vq import VQConfig, VQModel, load_tokenizer, save_tokenizer
 # The shipped model's shapes: 8x8 codes of a 512-entry codebook; an 8-layer target; a one-layer drafter.
 TARGET_CONFIG = ModelConfig(vocab_size=512, dim=192, n_layer=8, n_head=6, num_classes=10, grid_height=8,
                             grid_width=8)
-DEFAULT_SAMPLING = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=0, top_p=1.0)
+DEFAULT_SAMPLING = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=0, top_p=1.0)
 
 
 @dataclass
