@@ -34,7 +34,8 @@ def load_model():
 
 
 BUNDLE = load_model()
-explorer.warm_up(BUNDLE)
+if spaces is None:  # on ZeroGPU, CUDA work may only run inside spaces.GPU functions
+    explorer.warm_up(BUNDLE)
 DEFAULTS = {"method": "COOL-SD", "delta": 2.0, "nu": 0.7, "mu_auto": True, "mu": 0.0, "k": 10, "lam": 5.0,
             "draft": "chain:5", "class_name": BUNDLE.class_names[1], "seed": 0, "cfg": BUNDLE.sampling.cfg_scale,
             "temperature": BUNDLE.sampling.temperature, "top_k": BUNDLE.sampling.top_k,
@@ -136,8 +137,9 @@ def on_theory(result, method, delta, nu, mu_auto, mu, k, lam, draft, class_name,
 
 
 def on_method(method):
+    """Show only the controls that apply to ``method``."""
     return [gr.update(visible=method in VISIBLE[key]) for key in ("delta", "cool", "cool", "cool", "lantern",
-                                                                   "lantern", "draft")]
+                                                                   "lantern", "draft", "cool")]
 
 
 def on_mu(mu_auto, nu, draft, schedule, mu):
@@ -190,7 +192,7 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
     return explorer.api_payload(checked(lambda: run_comparison(request, None)))
 
 
-CSS = ".pixelated img { image-rendering: pixelated; }"
+CSS = ".pixelated img { image-rendering: pixelated; } .timings th, .timings td { overflow-wrap: normal !important; word-break: normal !important; }"
 
 with gr.Blocks(title="coolsd explorer") as demo:
     result_state = gr.State(None)
@@ -214,7 +216,7 @@ with gr.Blocks(title="coolsd explorer") as demo:
             class_name = gr.Dropdown(BUNDLE.class_names, value=DEFAULTS["class_name"], label="Class")
             with gr.Row():
                 seed = gr.Number(value=0, precision=0, label="Seed", minimum=0, maximum=2**31 - 1)
-                dice = gr.Button("🎲 Random seed", size="sm")
+                dice = gr.Button("Random seed", size="sm")
             with gr.Accordion("Advanced: sampling", open=False):
                 cfg = gr.Slider(0.0, 10.0, value=DEFAULTS["cfg"], step=0.1, label="CFG scale")
                 temperature = gr.Slider(0.1, 2.0, value=DEFAULTS["temperature"], step=0.05, label="Temperature")
@@ -230,7 +232,7 @@ with gr.Blocks(title="coolsd explorer") as demo:
                                         elem_classes="pixelated", interactive=False)
                 image_eagle = gr.Image(label="Eagle-1 (lossless)", type="pil", format="png", height=300,
                                        elem_classes="pixelated", interactive=False)
-            timings = gr.Markdown()
+            timings = gr.Markdown(elem_classes="timings")
             with gr.Tabs():
                 with gr.Tab("Per position"):
                     per_position = gr.Plot(label="acceptance per draft position")
@@ -266,7 +268,7 @@ with gr.Blocks(title="coolsd explorer") as demo:
               api_visibility="private", concurrency_id="generate").then(
         on_figures, [result_state, metric], [per_position, lengths, map_method, map_eagle, replay_plot, theory_plot,
                                              theory_md, tradeoff_plot], api_visibility="private")
-    method.change(on_method, method, [delta, nu, mu_auto, mu, k, lam, draft])
+    method.change(on_method, method, [delta, nu, mu_auto, mu, k, lam, draft, schedule])
     for control in (mu_auto, nu, draft, schedule):
         control.change(on_mu, [mu_auto, nu, draft, schedule, mu], mu)
     for control in (method, delta, nu, mu_auto, mu, draft, schedule):

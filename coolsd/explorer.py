@@ -164,8 +164,7 @@ def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
     if request.method == "eagle":
         method = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     else:
-        method = generate(bundle, cls, request.method, request.param_dict, request.draft, sampling, seed,
-                          capture=True)
+        method = generate(bundle, cls, request.method, request.param_dict, request.draft, sampling, seed)
     say(0.4, desc="Generating with Eagle-1 (lossless)")
     eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     say(0.6, desc="Timing AR")

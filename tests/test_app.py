@@ -103,10 +103,11 @@ def test_theory_follows_the_sliders(generated):
 
 def test_controls_shown_per_method_and_mu_auto_value():
     updates = app.on_method("LANTERN++")
-    assert [u["visible"] for u in updates] == [False, False, False, False, True, True, True]
+    assert [u["visible"] for u in updates] == [False, False, False, False, True, True, True, False]
     updates = app.on_method("COOL-SD")
-    assert [u["visible"] for u in updates] == [True, True, True, True, False, False, True]
-    assert not app.on_method("AR (no drafting)")[-1]["visible"]
+    assert [u["visible"] for u in updates] == [True, True, True, True, False, False, True, True]
+    assert [u["visible"] for u in app.on_method("UniformRSD")] == [True] + [False] * 5 + [True, False]
+    assert not app.on_method("AR (no drafting)")[6]["visible"]
     shown = app.on_mu(True, 0.7, "chain:5", "exp", 0.0)
     assert shown["interactive"] is False
     assert math.isclose(shown["value"], round(resolve_mu(0.7, "auto", 5), 4))

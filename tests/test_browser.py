@@ -63,6 +63,9 @@ def image_sources(page) -> list[str]:
     return page.locator(".pixelated img").evaluate_all("els => els.map(e => e.src)")
 
 
+PLOT_IMAGES = "[...document.querySelectorAll(\"[data-testid='matplotlib'] img, .matplotlib img\")].map(e => e.src)"
+
+
 def test_browser_generate_then_invalid_input(server, tmp_path):
     assert Path(CHROMIUM).exists(), "install Debian chromium: apt-get install -y --no-install-recommends chromium"
     with sync_playwright() as p:
@@ -76,14 +79,18 @@ def test_browser_generate_then_invalid_input(server, tmp_path):
         generate = page.get_by_role("button", name="Generate", exact=True)
         timings = []
         for attempt in range(2):  # the first request warms up; the second is what a user waits for
-            before = image_sources(page)
+            page.get_by_label("Seed").fill(str(attempt))
+            before, plots_before = image_sources(page), page.evaluate(PLOT_IMAGES)
             started = time.perf_counter()
             generate.click()
             page.wait_for_function(
                 "before => { const s = [...document.querySelectorAll('.pixelated img')].map(e => e.src);"
                 " return s.length == 2 && s.every((x, i) => x && x !== before[i]); }", arg=before, timeout=60000)
             timings.append(time.perf_counter() - started)
-            page.get_by_label("Seed").fill(str(attempt + 1))
+            # a user looks at the figures (drawn after the images) before the next click
+            page.wait_for_function(f"before => {{ const s = {PLOT_IMAGES};"
+                                   " return s.length > 0 && s[0] && s[0] !== before[0]; }", arg=plots_before,
+                                   timeout=60000)
         expect(page.get_by_text("speed-up vs AR")).to_be_visible()
         expect(page.locator("table").filter(has_text="COOL-SD")).to_be_visible()
         plots = page.locator(".js-plotly-plot, [data-testid='matplotlib'] img, .matplotlib img")
