@@ -135,7 +135,12 @@ or thousand samples is biased upwards; compare it only with the real-image row m
 apt-get install -y dataset-fashion-mnist
 for stage in judge tokenizer target drafter export; do python -m coolsd.train $stage; done
 python -m coolsd.card --samples-per-class 100 --eagle-images 200
-python -m coolsd.bench --methods ar eagle cool:delta=1.1 cool:delta=2 uniform:delta=2 --images 200
+python -m coolsd.bench --threads 1 --images 200 --draft chain:5 --out assets/fashion/bench_results.json \\
+  --methods ar eagle cool:delta=1.1 cool:delta=1.5 cool:delta=2 cool:delta=3 \\
+  uniform:delta=1.1 uniform:delta=1.5 uniform:delta=2 uniform:delta=3 \\
+  lantern:k=5,lambda=2,residual=lantern lantern:k=5,lambda=2,residual=gstar \\
+  lantern:k=10,lambda=5,residual=lantern lantern:k=10,lambda=5,residual=gstar \\
+  cool:delta=2,nu=0.3,schedule=exp cool:delta=2,nu=0.3,schedule=linear
 ```
 """
 

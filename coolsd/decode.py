@@ -54,16 +54,17 @@ def verify(tree: DraftTree, drafted: list[int], valid: list[bool], p_rows: np.nd
         chosen, none_accepted = 0, 1.0
         for j, child in enumerate(kids):
             y = drafted[child]
-            mass = rule.accepted_mass(p, q, depth)
-            f = min(1.0, mass[y] / q[y])
-            none_accepted *= 1.0 - f
-            if not chosen:
+            if chosen:  # a sibling after the accepted one is only scored: its f is all that is needed
+                mass, f = None, rule.accept_prob(p, q, y, depth)
+            else:
+                mass = rule.accepted_mass(p, q, depth)
+                f = min(1.0, mass[y] / q[y])
                 accepted = bool(rng.random() < f)
                 tested.append(Candidate(child, depth, f, accepted, float(np.maximum(mass - p, 0.0).sum())))
-                if accepted:
-                    chosen = child
+                chosen = child if accepted else 0
+            none_accepted *= 1.0 - f
             if j + 1 < len(kids) or not chosen:  # later siblings (tested or only scored) see the residual
-                p = rule.residual(p, q, mass, y)
+                p = rule.residual(p, q, y, depth, mass)
                 q = q.copy()
                 q[y] = 0.0
                 q /= q.sum() or 1.0  # the next sibling was drawn from q without the earlier ones

@@ -54,8 +54,16 @@ class AcceptanceRule:
         """``q * f_d`` at every token: the joint probability of drafting and accepting it."""
         return np.minimum(q, self.relaxed_target(p, depth))
 
-    def residual(self, p: np.ndarray, q: np.ndarray, accepted: np.ndarray, rejected: int) -> np.ndarray:
-        """Target distribution after ``rejected`` was refused: ``G* = Norm([p - q f]_+)``."""
+    def accept_prob(self, p: np.ndarray, q: np.ndarray, y: int, depth: int) -> float:
+        """``f_d(y) = min(1, p_hat(y) / q(y))`` for one drafted token (``q(y) > 0``)."""
+        return min(1.0, float(self.relaxed_target(p, depth)[y]) / q[y])
+
+    def residual(self, p: np.ndarray, q: np.ndarray, rejected: int, depth: int,
+                 accepted: np.ndarray | None = None) -> np.ndarray:
+        """Target distribution after ``rejected`` was refused: ``G* = Norm([p - q f]_+)``.
+        ``accepted`` is ``accepted_mass(p, q, depth)`` when the caller already has it."""
+        if accepted is None:
+            accepted = self.accepted_mass(p, q, depth)
         return normalise(np.maximum(p - accepted, 0.0), p)
 
     def __repr__(self) -> str:
@@ -165,6 +173,7 @@ class Lantern(AcceptanceRule):
             raise ValueError(f"k={k} needs {k + 1} neighbours per code, the table has {neighbours.shape[1]}")
         self.k, self.lam, self.residual_kind = k, float(lam), residual
         self.neighbours = neighbours[:, :k]
+        self.by_rank = np.ascontiguousarray(self.neighbours.T)  # (k, V): row j = every code's j-th neighbour
         self.wider = neighbours[:, :k + 1]  # the heuristic residual clears k+1 neighbours
 
     def params(self) -> dict:
@@ -174,24 +183,30 @@ class Lantern(AcceptanceRule):
         return self.relaxed_at(p, np.arange(len(p)))
 
     def relaxed_at(self, p: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """``p~`` at ``tokens`` only."""
-        if self.k == 0:
-            return p[tokens]
-        near = p[self.neighbours[tokens]]  # (n, k)
-        within = np.cumsum(near, axis=1) <= (self.lam - 1) * p[tokens, None]  # a prefix: S_m grows with m
-        return p[tokens] + (near * within).sum(axis=1)
+        """``p~`` at ``tokens`` only: ``S_m`` is a running sum over the nearest codes, and since it only grows,
+        the last ``S_m <= (lambda - 1) p`` is ``S_{m*}``. One vector step per rank, not per token."""
+        base = p[tokens]
+        limit, running, kept = (self.lam - 1) * base, np.zeros_like(base), np.zeros_like(base)
+        for neighbour in self.by_rank[:, tokens]:
+            running += p[neighbour]
+            np.copyto(kept, running, where=running <= limit)
+        return base + kept
 
+    # Since p~ >= p, min(q, p~) = q wherever q <= p: the three methods below give the base class's values
+    # exactly while computing p~ only where the draft overshoots the target.
     def accepted_mass(self, p: np.ndarray, q: np.ndarray, depth: int) -> np.ndarray:
-        """Same value as the base class, computed faster: since ``p~ >= p``, ``min(q, p~) = q`` wherever
-        ``q <= p``, so ``p~`` is only needed where the draft overshoots the target."""
         mass = q.copy()
         over = np.flatnonzero(q > p)
         mass[over] = np.minimum(q[over], self.relaxed_at(p, over))
         return mass
 
-    def residual(self, p: np.ndarray, q: np.ndarray, accepted: np.ndarray, rejected: int) -> np.ndarray:
-        if self.residual_kind == "gstar":
-            return super().residual(p, q, accepted, rejected)
+    def accept_prob(self, p: np.ndarray, q: np.ndarray, y: int, depth: int) -> float:
+        return 1.0 if q[y] <= p[y] else min(1.0, float(self.relaxed_at(p, np.array([y]))[0]) / q[y])
+
+    def residual(self, p: np.ndarray, q: np.ndarray, rejected: int, depth: int,
+                 accepted: np.ndarray | None = None) -> np.ndarray:
+        if self.residual_kind == "gstar":  # [p - min(q, p~)]_+ = [p - q]_+, as p~ >= p
+            return normalise(np.maximum(p - q, 0.0), p)
         if self.k >= 1 and p[self.neighbours[rejected, 0]] <= (self.lam - 1) * p[rejected]:  # m*(y) >= 1
             q = q.copy()
             q[self.wider[rejected]] = 0.0

@@ -16,7 +16,7 @@ def one_step(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int = 1)
     rejected = q - accepted  # q(y) (1 - f(y)): drafting y and refusing it
     output = accepted.copy()
     for y in np.flatnonzero(rejected > 0):  # a heuristic residual may depend on which token was refused
-        output += rejected[y] * rule.residual(p, q, accepted, int(y))
+        output += rejected[y] * rule.residual(p, q, int(y), depth, accepted)
     beta = float(accepted.sum())
     return {"beta": beta, "cost": float(np.maximum(accepted - p, 0.0).sum()), "output": output,
             "tv": float(0.5 * np.abs(output - p).sum())}

@@ -28,7 +28,7 @@ CASES = {
 class ResampleFromTarget(Eagle):
     """A deliberately wrong residual: after a rejection, sample from p instead of Norm([p - q]_+)."""
 
-    def residual(self, p, q, accepted, rejected):
+    def residual(self, p, q, rejected, depth, accepted=None):
         return p
 
 

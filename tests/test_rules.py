@@ -71,6 +71,10 @@ def test_acceptance_probability_closed_form(name):
                 expected = np.minimum(1, brute_force_lantern_target(p, rule.neighbours, rule.k, rule.lam)
                                       / np.where(support, q, 1))
             np.testing.assert_allclose(f[support], expected[support], rtol=1e-12, atol=1e-15)
+            for y in np.flatnonzero(support):  # the engine's per-token shortcut: the same value, bit for bit
+                assert rule.accept_prob(p, q, int(y), depth) == min(1.0, mass[y] / q[y])
+            for y in (0, V - 1):  # the residual computes q f itself when not given it
+                np.testing.assert_array_equal(rule.residual(p, q, y, depth), rule.residual(p, q, y, depth, mass))
 
 
 @pytest.mark.parametrize("name", ["eagle", "uniform", "cool", "cool-manual-mu", "lantern"])
@@ -82,7 +86,7 @@ def test_gstar_closed_form_and_property_2(name):
     for p, q in random_pairs():
         for depth in (1, 3, 5):
             mass = rule.accepted_mass(p, q, depth)
-            gstar = rule.residual(p, q, mass, rejected=0)
+            gstar = rule.residual(p, q, 0, depth, mass)
             positive = np.maximum(p - mass, 0)
             if positive.sum() > 1e-12:
                 np.testing.assert_allclose(gstar, positive / positive.sum(), atol=1e-12)
@@ -119,7 +123,7 @@ def test_lantern_heuristic_residual():
     for p, q in random_pairs():
         mass = rule.accepted_mass(p, q, 1)
         for y in range(V):
-            got = rule.residual(p, q, mass, y)
+            got = rule.residual(p, q, y, 1, mass)
             q_mod = q.copy()
             if brute_force_m_star(p, rule.neighbours, rule.k, rule.lam, y)[0] >= 1:
                 q_mod[rule.wider[y]] = 0

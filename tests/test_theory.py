@@ -17,7 +17,7 @@ def exact_round_law(p, q, rule):
     law = target = p[length]
     for i in range(length - 1, -1, -1):
         mass = rule.accepted_mass(p[i], q[i], i + 1)
-        residual = rule.residual(p[i], q[i], mass, 0)
+        residual = rule.residual(p[i], q[i], 0, i + 1, mass)
         law = np.multiply.outer(mass, law) + (1 - mass.sum()) * np.multiply.outer(residual, target)
         target = np.multiply.outer(p[i], target)
     return law, target
