@@ -15,7 +15,6 @@ import gradio as gr
 
 from coolsd import explorer
 from coolsd.bundle import load_bundle, random_bundle
-from coolsd.rules import omega_schedule
 
 try:  # Hugging Face ZeroGPU: the GPU is attached only inside functions wrapped by spaces.GPU
     import spaces
@@ -152,17 +151,6 @@ def on_mu(mu_auto, nu, draft, schedule, mu):
         return gr.update(interactive=False)
 
 
-def schedule_text(method, delta, nu, mu_auto, mu, draft, schedule):
-    if method != "COOL-SD":
-        return ""
-    try:
-        depth = explorer.parse_draft(draft).depth
-        omegas = omega_schedule(float(delta), float(nu), "auto" if mu_auto else float(mu), depth, schedule)
-    except (ValueError, TypeError) as error:
-        return f"*{error}*"
-    return "omega: " + ", ".join(f"{w:.2f}" for w in omegas)
-
-
 def on_replay(result, round_index):
     if result is None:
         return gr.skip()
@@ -272,7 +260,7 @@ with gr.Blocks(title="coolsd explorer") as demo:
     for control in (mu_auto, nu, draft, schedule):
         control.change(on_mu, [mu_auto, nu, draft, schedule, mu], mu)
     for control in (method, delta, nu, mu_auto, mu, draft, schedule):
-        control.change(schedule_text, [method, delta, nu, mu_auto, mu, draft, schedule], omega_md)
+        control.change(explorer.omega_line, [method, delta, nu, mu_auto, mu, draft, schedule], omega_md)
     for control in (method, delta, nu, mu_auto, mu, k, lam, schedule, source, toy_seed):
         control.change(on_theory, [result_state, *controls, source, toy_seed], [theory_plot, theory_md],
                        show_progress="hidden")
@@ -285,7 +273,7 @@ with gr.Blocks(title="coolsd explorer") as demo:
     reset.click(lambda: [DEFAULTS[key] for key in ("method", "delta", "nu", "mu_auto", "mu", "k", "lam", "draft",
                                                    "class_name", "seed", "cfg", "temperature", "top_k", "top_p",
                                                    "schedule")], None, controls)
-    demo.load(schedule_text, [method, delta, nu, mu_auto, mu, draft, schedule], omega_md)
+    demo.load(explorer.omega_line, [method, delta, nu, mu_auto, mu, draft, schedule], omega_md)
     demo.load(on_mu, [mu_auto, nu, draft, schedule, mu], mu)
     gr.api(api_generate, api_name="generate", concurrency_id="generate")
 

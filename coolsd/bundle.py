@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import Tensor, nn
 
 from .model import CONFIGS, Drafter, ModelConfig, Transformer
@@ -96,9 +96,9 @@ def random_bundle(size: str = "tiny", seed: int = 0, device: str | None = None) 
 def save_bundle(bundle: Bundle, path: Path, extra: dict | None = None) -> None:
     """Write ``config.json`` and one safetensors file per model."""
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in bundle.target.state_dict().items()}, path / "target.safetensors")
+    save_model(bundle.target, path / "target.safetensors")
     if bundle.drafter is not None:
-        save_file({k: v.contiguous() for k, v in bundle.drafter.state_dict().items()}, path / "drafter.safetensors")
+        save_model(bundle.drafter, path / "drafter.safetensors")
     save_file({"codebook": bundle.codebook.contiguous()}, path / "codebook.safetensors")
     meta = {"name": bundle.name, "model": bundle.config.to_dict(), "class_names": bundle.class_names,
             "sampling": bundle.sampling.to_dict(), **(extra or {})}
@@ -113,11 +113,11 @@ def load_bundle(path: str | Path | None = None, device: str | None = None, dtype
     meta = json.loads((path / "config.json").read_text())
     cfg = ModelConfig(**meta["model"])
     target = Transformer(cfg)
-    target.load_state_dict(load_file(path / "target.safetensors"))
+    load_model(target, path / "target.safetensors")
     drafter = None
     if (path / "drafter.safetensors").exists():
         drafter = Drafter(cfg)
-        drafter.load_state_dict(load_file(path / "drafter.safetensors"))
+        load_model(drafter, path / "drafter.safetensors")
     codebook = load_file(path / "codebook.safetensors")["codebook"]
     tokenizer = judge = None
     if (path / "tokenizer.safetensors").exists():

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from .bundle import DEFAULT_MODEL, Bundle, load_bundle
 from .data import load_split
 from .decode import generate
-from .judge import judge_metrics, new_fid
+from .judge import fid_to_reference, judge_metrics, predict
 from .model import parameter_count
 
 
@@ -37,13 +37,6 @@ def sample_images(bundle: Bundle, method: str, per_class: int, draft: str = "cha
         classes.append(cls)
         stats.append(result.stats)
     return images, classes, stats
-
-
-@torch.no_grad()
-def real_fid(bundle: Bundle, images: torch.Tensor) -> float:
-    fid = new_fid(bundle.judge, bundle.judge.reference)
-    fid.update(images, real=False)
-    return float(fid.compute())
 
 
 def step_times(ar_stats: list, eagle_stats: list) -> dict:
@@ -196,14 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     _, _, eagle_stats = sample_images(bundle, "eagle", eagle_per_class, seed=10**6, desc="Eagle-1 chain:5")
     train_images, _ = load_split("train")
     pick = torch.randperm(len(train_images), generator=torch.Generator().manual_seed(0))[:len(ar_images)]
+    predicted, wanted = predict(bundle.judge, torch.from_numpy(np.stack(ar_images))), torch.tensor(ar_classes)
     metrics = {
         "sampling": bundle.sampling.to_dict(),
         "ar": {"images": len(ar_images), **ar_quality,
-               "judge_accuracy_per_class": [float(np.mean([bundle.judge(torch.from_numpy(img)[None]).argmax().item()
-                                                           == c for img, c in zip(ar_images, ar_classes) if c == k]))
+               "judge_accuracy_per_class": [float((predicted[wanted == k] == k).float().mean())
                                             for k in range(bundle.config.num_classes)],
                "latency_median_s": statistics.median(s.seconds["total"] for s in ar_stats)},
-        "real_train_fid": {"images": len(pick), "fid": real_fid(bundle, train_images[pick])},
+        "real_train_fid": {"images": len(pick), "fid": fid_to_reference(bundle.judge, train_images[pick])},
         "eagle_chain5": {"images": len(eagle_stats), "tau": float(np.mean([s.tau for s in eagle_stats])),
                          "latency_median_s": statistics.median(s.seconds["total"] for s in eagle_stats)},
         "step_seconds": step_times(ar_stats, eagle_stats),

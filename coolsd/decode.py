@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .model import Drafter, KVCache, Transformer
-from .rules import AcceptanceRule, CoolSD, Eagle, Lantern, UniformRSD
+from .rules import AcceptanceRule, CoolSD, Eagle, Lantern, UniformRSD, step_cost
 from .sampling import SamplingConfig, draw_without_replacement, probabilities, sample
 from .stats import BONUS, DRAFT, FIRST, RESAMPLED, TARGET, Candidate, GenerationStats, Round, Timer
 from .trees import DraftTree, parse_draft
@@ -60,7 +60,7 @@ def verify(tree: DraftTree, drafted: list[int], valid: list[bool], p_rows: np.nd
                 mass = rule.accepted_mass(p, q, depth)
                 f = min(1.0, mass[y] / q[y])
                 accepted = bool(rng.random() < f)
-                tested.append(Candidate(child, depth, f, accepted, float(np.maximum(mass - p, 0.0).sum())))
+                tested.append(Candidate(child, depth, f, accepted, step_cost(p, mass)))
                 chosen = child if accepted else 0
             none_accepted *= 1.0 - f
             if j + 1 < len(kids) or not chosen:  # later siblings (tested or only scored) see the residual

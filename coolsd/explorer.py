@@ -4,6 +4,7 @@ lossless Eagle-1, AR timing), their tables and figures, and the theory panel."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import math
@@ -18,7 +19,7 @@ from PIL import Image
 from . import plots
 from .bundle import ASSETS, Bundle
 from .decode import Generation, build_rule, generate
-from .rules import resolve_mu
+from .rules import omega_schedule, resolve_mu
 from .sampling import SamplingConfig
 from .theory import chain_theory, round_summary, step_rates, toy_chain
 from .trees import TREES, parse_draft
@@ -112,10 +113,9 @@ def parse_request(bundle: Bundle, method: str, delta, nu, mu_auto, mu, k, lam, d
     return request
 
 
-def rule_for(bundle: Bundle, request: Request, method: str | None = None, params: dict | None = None):
+def rule_for(bundle: Bundle, request: Request):
     depth = 0 if request.method == "ar" else parse_draft(request.draft).depth
-    return build_rule(method or request.method, request.param_dict if params is None else params, depth,
-                      bundle.neighbours)
+    return build_rule(request.method, request.param_dict, depth, bundle.neighbours)
 
 
 class ResultCache:
@@ -168,9 +168,12 @@ def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
     say(0.4, desc="Generating with Eagle-1 (lossless)")
     eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     say(0.6, desc="Timing AR")
-    ar_seconds = AR_CACHE.get_or_run((bundle.name, cls, seed, sampling), lambda: generate(
-        bundle, cls, "ar", {}, request.draft, sampling, seed).stats.seconds["total"]) if request.method != "ar" \
-        else method.stats.seconds["total"]
+
+    def time_ar() -> float:
+        return generate(bundle, cls, "ar", {}, request.draft, sampling, seed).stats.seconds["total"]
+
+    ar_seconds = method.stats.seconds["total"] if request.method == "ar" else \
+        AR_CACHE.get_or_run((bundle.name, cls, seed, sampling), time_ar)
     images = {"method": bundle.image(method.tokens), "eagle": bundle.image(eagle.tokens)}
     return Comparison(request, method, eagle, ar_seconds, images)
 
@@ -254,7 +257,19 @@ def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, so
         counts = ", ".join(f"{len(by_depth[d])}" for d in reached)
         note = (f"{len(captured)} (p, q) pairs captured along the last Eagle-1 run (per position: {counts}); "
                 "each evaluated exactly under the current rule, then averaged per position")
-    return plots.theory(table, f"{request.label}"), table, note
+    return plots.theory(table, request.label), table, note
+
+
+def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -> str:
+    """COOL-SD's ``omega_1..omega_L`` at the current sliders, or why they are invalid (empty for other methods)."""
+    if method != "COOL-SD":
+        return ""
+    try:
+        omegas = omega_schedule(float(delta), float(nu), "auto" if mu_auto else float(mu), parse_draft(draft).depth,
+                                schedule)
+    except (ValueError, TypeError) as error:
+        return f"*{error}*"
+    return "omega: " + ", ".join(f"{w:.2f}" for w in omegas)
 
 
 def mu_shown(nu, draft: str, schedule: str = "exp") -> float:
@@ -271,7 +286,9 @@ def theory_markdown(table: dict, note: str) -> str:
             f"**{table['tv_bound']:.4f}**.\n\n*Source:* {note}.\n\n" + "\n".join(rows))
 
 
+@functools.cache
 def load_bench_results(path: Path = RESULTS_FILE) -> list[dict]:
+    """The shipped benchmark's runs (read once: the file does not change while the app runs)."""
     if not path.exists():
         return []
     return json.loads(path.read_text()).get("runs", [])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
@@ -75,27 +75,37 @@ def reference_statistics(judge: Judge, images: Tensor, batch: int = 1000) -> dic
 
 
 @torch.no_grad()
+def predict(judge: Judge, images: Tensor, batch: int = 2000) -> Tensor:
+    """The judge's class for each uint8 image (N, 28, 28), on the CPU."""
+    judge.eval()
+    return torch.cat([judge(images[i:i + batch]).argmax(-1).cpu() for i in range(0, len(images), batch)])
+
+
+@torch.no_grad()
+def fid_to_reference(judge: Judge, images: Tensor) -> float:
+    """Judge-FID of uint8 images (N, 28, 28) against the shipped test-set statistics."""
+    fid = new_fid(judge.eval(), judge.reference)
+    fid.update(images, real=False)
+    return float(fid.compute())
+
+
 def judge_metrics(bundle, images: list[np.ndarray], classes: list[int]) -> dict:
     """``judge_accuracy`` (class consistency) and ``fid`` of generated uint8 images against the test set."""
-    judge = bundle.judge.eval()
     batch = torch.from_numpy(np.stack(images))
-    predicted = judge(batch).argmax(-1).cpu()
-    accuracy = float((predicted == torch.tensor(classes)).float().mean())
+    accuracy = float((predict(bundle.judge, batch) == torch.tensor(classes)).float().mean())
     out = {"judge_accuracy": accuracy, "fid_images": len(images)}
     if len(images) >= 2:
-        fid = new_fid(judge, judge.reference)
-        fid.update(batch, real=False)
-        out["fid"] = float(fid.compute())
+        out["fid"] = fid_to_reference(bundle.judge, batch)
     return out
 
 
 def save_judge(judge: Judge, reference: dict[str, Tensor], path: Path) -> None:
-    save_file({k: v.contiguous() for k, v in judge.state_dict().items()}, path / "judge.safetensors")
+    save_model(judge, path / "judge.safetensors")
     save_file({k: v.contiguous() for k, v in reference.items()}, path / "judge_reference.safetensors")
 
 
 def load_judge(path: Path) -> Judge:
     judge = Judge()
-    judge.load_state_dict(load_file(path / "judge.safetensors"))
+    load_model(judge, path / "judge.safetensors")
     judge.reference = load_file(path / "judge_reference.safetensors")
     return judge.eval()

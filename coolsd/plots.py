@@ -71,21 +71,26 @@ def accepted_lengths(runs: list[tuple[str, GenerationStats]]) -> Figure:
     return fig
 
 
-def _grid_axes(ax, image: np.ndarray, grid: tuple[int, int], dim: float = 1.0) -> tuple[float, float]:
+def _grid_axes(ax, image: np.ndarray, grid: tuple[int, int], dim: float = 1.0):
+    """Show ``image``; return a function from a token's raster index to its cell ``(x, y, width, height)``."""
     ax.imshow(image * dim, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
-    return image.shape[0] / grid[0], image.shape[1] / grid[1]
+    cell_h, cell_w = image.shape[0] / grid[0], image.shape[1] / grid[1]
+
+    def cell(index: int) -> tuple[float, float, float, float]:
+        row, col = divmod(index, grid[1])
+        return col * cell_w - 0.5, row * cell_h - 0.5, cell_w, cell_h
+    return cell
 
 
 def acceptance_map(image: np.ndarray, stats: GenerationStats, grid: tuple[int, int], title: str) -> Figure:
     """The token grid over the image: accepted drafts coloured by depth, other origins marked."""
     fig, (ax,) = _figure(4.2, 4.4)
-    cell_h, cell_w = _grid_axes(ax, image, grid, dim=0.55)
+    cell = _grid_axes(ax, image, grid, dim=0.55)
     depth_max = max(1, stats.tree_depth)
     for index, (origin, depth) in enumerate(zip(stats.token_origin, stats.token_depth)):
-        row, col = divmod(index, grid[1])
-        x, y = col * cell_w - 0.5, row * cell_h - 0.5
+        x, y, cell_w, cell_h = cell(index)
         if origin == DRAFT:
             color, text = DEPTH_CMAP((depth - 1) / max(1, depth_max - 1)), str(depth)
         else:
@@ -110,10 +115,9 @@ def replay(image: np.ndarray, stats: GenerationStats, grid: tuple[int, int], rou
     current = stats.rounds[round_index]
     start, emitted = current.start, len(current.emitted)
     fig, (ax,) = _figure(4.2, 4.4)
-    cell_h, cell_w = _grid_axes(ax, image, grid)
+    cell = _grid_axes(ax, image, grid)
     for index in range(start, grid[0] * grid[1]):
-        row, col = divmod(index, grid[1])
-        x, y = col * cell_w - 0.5, row * cell_h - 0.5
+        x, y, cell_w, cell_h = cell(index)
         if index >= start + emitted:  # not generated yet
             ax.add_patch(Rectangle((x, y), cell_w, cell_h, facecolor="black", alpha=0.8, lw=0))
             continue
@@ -156,9 +160,6 @@ def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str =
     for name, items in families.items():
         items = sorted(items, key=lambda r: r[x_key])
         ax.plot([r[x_key] for r in items], [r[y_key] for r in items], "o-", label=name)
-        for r in items:
-            ax.annotate(r.get("short", ""), (r[x_key], r[y_key]), fontsize=6, xytext=(3, 3),
-                        textcoords="offset points")
     if current is not None:
         ax.plot(*current, "*", color="red", markersize=14, label="current setting")
     ax.set_xlabel("mean accepted length tau (tokens per target forward)")

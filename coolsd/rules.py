@@ -35,6 +35,11 @@ def normalise(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     return mass / total if total > 1e-12 else fallback
 
 
+def step_cost(p: np.ndarray, accepted: np.ndarray) -> float:
+    """``e = sum_y [q(y) f(y) - p(y)]_+``: the TV distance one verification step adds (spec section 4)."""
+    return float(np.maximum(accepted - p, 0.0).sum())
+
+
 class AcceptanceRule:
     """Lossless Eagle-1: ``p_hat = p``."""
 

@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from .rules import AcceptanceRule
+from .rules import AcceptanceRule, step_cost
 
 
 def one_step(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int = 1) -> dict:
@@ -18,14 +18,14 @@ def one_step(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int = 1)
     for y in np.flatnonzero(rejected > 0):  # a heuristic residual may depend on which token was refused
         output += rejected[y] * rule.residual(p, q, int(y), depth, accepted)
     beta = float(accepted.sum())
-    return {"beta": beta, "cost": float(np.maximum(accepted - p, 0.0).sum()), "output": output,
+    return {"beta": beta, "cost": step_cost(p, accepted), "output": output,
             "tv": float(0.5 * np.abs(output - p).sum())}
 
 
 def step_rates(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int) -> tuple[float, float]:
     """``beta = sum_y q(y) f(y)`` and ``e = sum_y [q(y) f(y) - p(y)]_+`` of one draft position."""
     accepted = rule.accepted_mass(p, q, depth)
-    return float(accepted.sum()), float(np.maximum(accepted - p, 0.0).sum())
+    return float(accepted.sum()), step_cost(p, accepted)
 
 
 def round_summary(depths: list[int], beta: list[float], cost: list[float], omegas: list[float]) -> dict:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from .bundle import DEFAULT_MODEL, Bundle, save_bundle
 from .data import CLASS_NAMES, load_split, to_unit
-from .judge import Judge, load_judge, reference_statistics, save_judge
+from .judge import Judge, load_judge, predict, reference_statistics, save_judge
 from .model import Drafter, ModelConfig, Transformer
 from .sampling import SamplingConfig
 from .vq import VQConfig, VQModel, load_tokenizer, save_tokenizer
@@ -62,6 +62,12 @@ def batches(size: int, batch: int, seed: int) -> Iterator[Tensor]:
             yield order[start:start + batch]
 
 
+def recent_mean(losses: list[float], window: int = 200) -> float:
+    """Mean of the last ``window`` losses (all of them in a shorter run)."""
+    tail = losses[-window:]
+    return sum(tail) / len(tail)
+
+
 def fit(name: str, model: nn.Module, loss_fn: Callable[[Tensor, int], Tensor], size: int, schedule: Schedule,
         checkpoint: Path | None = None, seed: int = 0, progress: bool = True,
         after_step: Callable[[int], None] | None = None) -> list[float]:
@@ -93,7 +99,7 @@ def fit(name: str, model: nn.Module, loss_fn: Callable[[Tensor, int], Tensor], s
         if after_step is not None:
             after_step(step)
         bar.update()
-        bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.4f}")
+        bar.set_postfix(loss=f"{recent_mean(losses, 50):.4f}")
         if checkpoint is not None and (step % schedule.checkpoint_every == 0 or step == schedule.steps):
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
@@ -117,12 +123,8 @@ def train_judge(images: Tensor, labels: Tensor, schedule: Schedule, checkpoint: 
     return judge, fit("judge", judge, loss_fn, len(images), schedule, checkpoint, progress=progress)
 
 
-@torch.no_grad()
-def accuracy(judge: Judge, images: Tensor, labels: Tensor, batch: int = 2000) -> float:
-    judge.eval()
-    hits = sum(int((judge(images[i:i + batch]).argmax(-1).cpu() == labels[i:i + batch]).sum())
-               for i in range(0, len(images), batch))
-    return hits / len(images)
+def accuracy(judge: Judge, images: Tensor, labels: Tensor) -> float:
+    return int((predict(judge, images) == labels).sum()) / len(images)
 
 
 def train_tokenizer(images: Tensor, judge: Judge, schedule: Schedule, cfg: VQConfig = VQConfig(),
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as error:
         print(f"error: {error}")
         return 2
-    log: dict = json.loads((work / "log.json").read_text()) if (work / "log.json").exists() else {}
+    log = read_log(work)
 
     if args.stage == "judge":
         judge, losses = train_judge(train_images, train_labels, schedule, work / "judge.ckpt")
@@ -258,12 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         save_tokenizer(model, work)
         recon = torch.from_numpy(model.decode_to_uint8(tokenize(model, test_images).view(-1, 8, 8)))
         acc_orig, acc_recon = accuracy(judge, test_images, test_labels), accuracy(judge, recon, test_labels)
-        used = int(tokenize(model, train_images[:10000]).unique().numel())
+        train_tokens = tokenize(model, train_images)
+        used = int(train_tokens[:10000].unique().numel())
         log["tokenizer"] = {"judge_accuracy_original": acc_orig, "judge_accuracy_reconstruction": acc_recon,
                             "ratio": acc_recon / acc_orig, "codes_used_10k_train": used, "steps": schedule.steps}
         print(f"judge accuracy: originals {acc_orig:.4f}, reconstructions {acc_recon:.4f} "
               f"({acc_recon / acc_orig:.1%}); codes used: {used}/{model.config.codebook_size}")
-        torch.save(tokenize(model, train_images), work / "train_tokens.pt")
+        torch.save(train_tokens, work / "train_tokens.pt")
     elif args.stage == "target":
         tokens = torch.load(work / "train_tokens.pt", weights_only=True)
         model, losses = train_target(tokens, train_labels, TARGET_CONFIG, schedule, work / "target.ckpt")
@@ -271,9 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         log["target"] = {"final_loss": sum(losses[-200:]) / 200, "steps": schedule.steps}
     elif args.stage == "drafter":
         tokens = torch.load(work / "train_tokens.pt", weights_only=True)
-        target = Transformer(TARGET_CONFIG)
-        target.load_state_dict(torch.load(work / "target.pt", weights_only=True))
-        drafter, losses = train_drafter(target, tokens, train_labels, schedule, work / "drafter.ckpt")
+        drafter, losses = train_drafter(trained(Transformer, work / "target.pt"), tokens, train_labels, schedule,
+                                        work / "drafter.ckpt")
         torch.save(drafter.state_dict(), work / "drafter.pt")
         log["drafter"] = {"final_loss": sum(losses[-200:]) / 200, "steps": schedule.steps}
     else:
@@ -285,17 +287,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def read_log(work: Path) -> dict:
+    """What the finished stages recorded (accuracies, losses, wall times)."""
+    return json.loads((work / "log.json").read_text()) if (work / "log.json").exists() else {}
+
+
+def trained(model_class: type[Transformer] | type[Drafter], path: Path) -> nn.Module:
+    """A target or drafter of the shipped shape with a finished stage's weights."""
+    model = model_class(TARGET_CONFIG)
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model.eval()
+
+
 def export(work: Path, out: Path) -> Bundle:
     """Assemble the trained stages into a bundle directory (weights as safetensors)."""
-    target = Transformer(TARGET_CONFIG)
-    target.load_state_dict(torch.load(work / "target.pt", weights_only=True))
-    drafter = Drafter(TARGET_CONFIG)
-    drafter.load_state_dict(torch.load(work / "drafter.pt", weights_only=True))
     tokenizer, judge = load_tokenizer(work), load_judge(work)
-    bundle = Bundle(target.eval(), drafter.eval(), tokenizer.quantize.codebook.detach().clone(), name="fashion",
-                    class_names=CLASS_NAMES, sampling=DEFAULT_SAMPLING, tokenizer=tokenizer, judge=judge)
-    log = json.loads((work / "log.json").read_text()) if (work / "log.json").exists() else {}
-    save_bundle(bundle, out, extra={"training": log})
+    bundle = Bundle(trained(Transformer, work / "target.pt"), trained(Drafter, work / "drafter.pt"),
+                    tokenizer.quantize.codebook.detach().clone(), name="fashion", class_names=CLASS_NAMES,
+                    sampling=DEFAULT_SAMPLING, tokenizer=tokenizer, judge=judge)
+    save_bundle(bundle, out, extra={"training": read_log(work)})
     save_tokenizer(tokenizer, out)
     save_judge(judge, judge.reference, out)
     return bundle

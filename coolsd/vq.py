@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
 
 from .data import to_uint8
@@ -99,12 +99,12 @@ class VQModel(nn.Module):
 
 
 def save_tokenizer(model: VQModel, path: Path) -> None:
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path / "tokenizer.safetensors")
+    save_model(model, path / "tokenizer.safetensors")
     (path / "tokenizer.json").write_text(json.dumps(asdict(model.config), indent=2) + "\n")
 
 
 def load_tokenizer(path: Path) -> VQModel:
     cfg = json.loads((path / "tokenizer.json").read_text())
     model = VQModel(VQConfig(**{**cfg, "channels": tuple(cfg["channels"])}))
-    model.load_state_dict(load_file(path / "tokenizer.safetensors"))
+    load_model(model, path / "tokenizer.safetensors")
     return model.eval()

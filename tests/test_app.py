@@ -112,7 +112,7 @@ def test_controls_shown_per_method_and_mu_auto_value():
     assert shown["interactive"] is False
     assert math.isclose(shown["value"], round(resolve_mu(0.7, "auto", 5), 4))
     assert app.on_mu(False, 0.7, "chain:5", "exp", 0.3)["interactive"] is True
-    assert "omega: " in app.schedule_text("COOL-SD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
+    assert "omega: " in explorer.omega_line("COOL-SD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
 
 
 def test_replay_every_round(generated):
