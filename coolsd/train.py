@@ -271,13 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         tokens = torch.load(work / "train_tokens.pt", weights_only=True)
         model, losses = train_target(tokens, train_labels, TARGET_CONFIG, schedule, work / "target.ckpt")
         torch.save(model.state_dict(), work / "target.pt")
-        log["target"] = {"final_loss": sum(losses[-200:]) / 200, "steps": schedule.steps}
+        log["target"] = {"final_loss": recent_mean(losses), "steps": schedule.steps}
     elif args.stage == "drafter":
         tokens = torch.load(work / "train_tokens.pt", weights_only=True)
         drafter, losses = train_drafter(trained(Transformer, work / "target.pt"), tokens, train_labels, schedule,
                                         work / "drafter.ckpt")
         torch.save(drafter.state_dict(), work / "drafter.pt")
-        log["drafter"] = {"final_loss": sum(losses[-200:]) / 200, "steps": schedule.steps}
+        log["drafter"] = {"final_loss": recent_mean(losses), "steps": schedule.steps}
     else:
         export(work, args.out)
         print(f"bundle written to {args.out}")
