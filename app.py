@@ -92,7 +92,8 @@ def on_figures(result, metric):
     figs = explorer.figures(BUNDLE, result)
     theory_fig, theory_md = theory_outputs(result, result.request, "last generation", 0)
     return (figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
-            explorer.replay_figure(BUNDLE, result, 0), theory_fig, theory_md, explorer.tradeoff_figure(result, metric))
+            explorer.replay_figure(BUNDLE, result, 0), theory_fig, theory_md,
+            explorer.tradeoff_figure(BUNDLE, result, metric))
 
 
 def run_comparison(request, progress):
@@ -247,7 +248,7 @@ with gr.Blocks(title="coolsd explorer") as demo:
                     theory_md = gr.Markdown()
                 with gr.Tab("Trade-off"):
                     metric = gr.Radio(["fid", "judge_accuracy"], value="fid", label="quality axis")
-                    tradeoff_plot = gr.Plot(value=explorer.tradeoff_figure(None, "fid"))
+                    tradeoff_plot = gr.Plot(value=explorer.tradeoff_figure(BUNDLE, None, "fid"))
                     gr.Markdown(METHOD_NOTES)
 
     controls = [method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k, top_p,
@@ -266,7 +267,8 @@ with gr.Blocks(title="coolsd explorer") as demo:
                        show_progress="hidden")
     round_slider.release(on_replay, [result_state, round_slider], replay_plot)
     play.click(on_play, result_state, [round_slider, replay_plot])
-    metric.change(explorer.tradeoff_figure, [result_state, metric], tradeoff_plot)
+    metric.change(lambda result, metric: explorer.tradeoff_figure(BUNDLE, result, metric), [result_state, metric],
+                  tradeoff_plot)
     dice.click(lambda: random.randrange(2**31), None, seed)
     preset_11.click(lambda: ("COOL-SD", 1.1, 0.7, True), None, [method, delta, nu, mu_auto])
     preset_2.click(lambda: ("COOL-SD", 2.0, 0.7, True), None, [method, delta, nu, mu_auto])

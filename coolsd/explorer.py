@@ -287,26 +287,35 @@ def theory_markdown(table: dict, note: str) -> str:
 
 
 @functools.cache
-def load_bench_results(path: Path = RESULTS_FILE) -> list[dict]:
-    """The shipped benchmark's runs (read once: the file does not change while the app runs)."""
-    if not path.exists():
-        return []
-    return json.loads(path.read_text()).get("runs", [])
+def load_bench(path: Path = RESULTS_FILE) -> dict:
+    """The shipped benchmark (read once: the file does not change while the app runs)."""
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
-def tradeoff_figure(result: Comparison | None, metric: str = "fid"):
+def measured_point(bundle: Bundle, request: Request, metric: str) -> tuple[float, float] | None:
+    """``(tau, metric)`` of the benchmark run made with exactly this setting: same model, sampling, draft and
+    rule parameters (defaults filled in), or None when the benchmark did not measure it."""
+    bench = load_bench()
+    if bench.get("model") != bundle.name or bench.get("sampling") != request.sampling.to_dict():
+        return None
+    wanted = rule_for(bundle, request).params()
+    for run in bench.get("runs", []):
+        if run["method"] != request.method or run.get(metric) is None:
+            continue
+        if request.method != "ar" and run["draft"] != request.draft:
+            continue
+        depth = parse_draft(run["draft"]).depth if request.method != "ar" else 0
+        if build_rule(run["method"], run["params"], depth, bundle.neighbours).params() == wanted:
+            return run["tau"], run[metric]
+    return None
+
+
+def tradeoff_figure(bundle: Bundle, result: Comparison | None, metric: str = "fid"):
     """The shipped benchmark's quality/speed points, with the current setting starred when it was measured."""
-    runs = load_bench_results()
+    runs = load_bench().get("runs", [])
     if not runs:
         return None
-    current = None
-    if result is not None:
-        wanted = result.request.param_dict
-        for run in runs:
-            same = run["method"] == result.request.method and all(
-                run["params"].get(key) == value for key, value in wanted.items() if key in run["params"])
-            if same and run.get(metric) is not None:
-                current = (run["tau"], run[metric])
+    current = measured_point(bundle, result.request, metric) if result is not None else None
     return plots.tradeoff(runs, current, y_key=metric)
 
 

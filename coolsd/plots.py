@@ -149,6 +149,15 @@ def theory(table: dict, title: str) -> Figure:
     return fig
 
 
+SWEPT = ("delta", "k", "lambda")  # the strength of a relaxation: varies along a family's line
+
+
+def family(run: dict) -> str:
+    """A benchmark run's series: its method and every parameter except the relaxation strength."""
+    fixed = ", ".join(f"{key}={value}" for key, value in sorted(run["params"].items()) if key not in SWEPT)
+    return f"{run['method']} ({fixed})" if fixed else run["method"]
+
+
 def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str = "tau",
              y_key: str = "fid") -> Figure:
     """Benchmark results: quality against mean accepted length, one series per method family."""
@@ -156,7 +165,7 @@ def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str =
     families: dict[str, list[dict]] = {}
     for run in runs:
         if run.get(y_key) is not None:
-            families.setdefault(run["method"], []).append(run)
+            families.setdefault(family(run), []).append(run)
     for name, items in families.items():
         items = sorted(items, key=lambda r: r[x_key])
         ax.plot([r[x_key] for r in items], [r[y_key] for r in items], "o-", label=name)

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import app
-from coolsd import explorer
+from coolsd import explorer, plots
 from coolsd.rules import resolve_mu
 
 
@@ -132,3 +132,28 @@ def test_api_payload_is_deterministic():
     assert len(first["method"]["png_base64"]) > 20
     with pytest.raises(gr.Error):
         app.api_generate(method="COOL-SD", delta=-2)
+
+
+def test_tradeoff_stars_only_the_measured_setting():
+    """The star marks the benchmark run made with exactly the current setting (defaults filled in)."""
+    bench = {run["label"]: run for run in explorer.load_bench()["runs"]}
+
+    def point(method, **changes):
+        request = explorer.parse_request(app.BUNDLE, *controls(method=method, **changes))
+        return explorer.measured_point(app.BUNDLE, request, "fid")
+
+    def expected(label):
+        return bench[label]["tau"], bench[label]["fid"]
+
+    assert point("COOL-SD", delta=2.0) == expected("cool:delta=2")
+    assert point("COOL-SD", delta=2.0, nu=0.3) == expected("cool:delta=2,nu=0.3,schedule=exp")
+    assert point("COOL-SD", delta=2.0, nu=0.3, schedule="linear") == expected("cool:delta=2,nu=0.3,schedule=linear")
+    assert point("COOL-SD", delta=2.0, nu=0.5) is None
+    assert point("COOL-SD", delta=2.0, draft="tree:eagle25") is None
+    assert point("COOL-SD", delta=2.0, cfg=3.0) is None
+    assert point("LANTERN++ with G*", k=10, lam=5.0) == expected("lantern:k=10,lambda=5,residual=gstar")
+    assert point("LANTERN++", k=10, lam=5.0) == expected("lantern:k=10,lambda=5,residual=lantern")
+    assert point("AR (no drafting)") == expected("ar")
+    assert {plots.family(run) for run in bench.values()} == {
+        "ar", "eagle", "cool", "cool (nu=0.3, schedule=exp)", "cool (nu=0.3, schedule=linear)", "uniform",
+        "lantern (residual=gstar)", "lantern (residual=lantern)"}
