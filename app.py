@@ -1,20 +1,31 @@
 """coolsd explorer: relaxed speculative decoding (COOL-SD and friends) next to lossless Eagle-1.
 
 Run ``python app.py`` and open http://127.0.0.1:7860. The UI lives here; everything it computes lives in
-``coolsd/explorer.py``.
+``coolsd/explorer.py``. ``COOLSD_THREADS`` sets torch's CPU threads (default 1, the fastest measured for the
+shipped model; concurrent requests then use one core each).
 """
 
-from __future__ import annotations
-
-import logging
-import os
-import random
 import time
 
-import gradio as gr
+STARTED = time.perf_counter()
 
-from coolsd import explorer
-from coolsd.bundle import load_bundle, random_bundle
+
+def say(message: str) -> None:
+    """Start-up progress on the console, so a slow start is visible and attributable."""
+    print(f"coolsd [{time.perf_counter() - STARTED:5.1f}s] {message}", flush=True)
+
+
+say("importing gradio and torch")
+import logging  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+from typing import Any, TypedDict  # noqa: E402
+
+import gradio as gr  # noqa: E402
+
+from coolsd import explorer  # noqa: E402
+from coolsd.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
+from coolsd.params import PARAMS, clip  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: the GPU is attached only inside functions wrapped by spaces.GPU
     import spaces
@@ -32,10 +43,14 @@ def load_model():
     return load_bundle(choice or None)
 
 
+THREADS = set_threads()
+say(f"loading the model ({THREADS} torch thread{'s' * (THREADS > 1)}; set COOLSD_THREADS to change)")
 BUNDLE = load_model()
 if spaces is None:  # on ZeroGPU, CUDA work may only run inside spaces.GPU functions
+    say("warming up")
     explorer.warm_up(BUNDLE)
-DEFAULTS = {"method": "COOL-SD", "delta": 2.0, "nu": 0.7, "mu_auto": True, "mu": 0.0, "k": 10, "lam": 5.0,
+DEFAULTS = {"method": "COOL-SD", "delta": PARAMS["delta"].default, "nu": PARAMS["nu"].default, "mu_auto": True,
+            "mu": PARAMS["mu"].default, "k": PARAMS["k"].default, "lam": PARAMS["lambda"].default,
             "draft": "chain:5", "class_name": BUNDLE.class_names[1], "seed": 0, "cfg": BUNDLE.sampling.cfg_scale,
             "temperature": BUNDLE.sampling.temperature, "top_k": BUNDLE.sampling.top_k,
             "top_p": BUNDLE.sampling.top_p, "schedule": "exp"}
@@ -66,14 +81,45 @@ METHOD_NOTES = """
 the tested drafts, the total-variation distance that step adds (`e = sum [q f - p]_+`); it is 0 for lossless
 decoding. `mu = auto` makes the mean of `omega_1..omega_L` equal `delta`, so COOL-SD and UniformRSD at the same
 `delta` spend the same total relaxation.
+
+The trade-off figure shows the shipped benchmark; FID differences of about ±1 are noise at 200 images.
 """
+
+
+def slider(name: str, **kwargs) -> gr.Slider:
+    """A slider whose range, step, default and label come from ``coolsd.params``, the one definition that the
+    API and the command line check too."""
+    param = PARAMS[name]
+    maximum = kwargs.pop("maximum", param.high)
+    return gr.Slider(param.low, maximum, **{"value": param.default, "step": param.step, "label": param.label, **kwargs})
+
+
+def checked(compute):
+    """Run ``compute``; bad input becomes a readable error in the UI, never a stack trace; a rejected request
+    is one line in the log."""
+    try:
+        return compute()
+    except gr.Error:
+        raise
+    except ValueError as error:
+        log.info("rejected request: %s", clip(str(error), 300))
+        raise gr.Error(str(error), title="Invalid setting", print_exception=False) from None
+    except Exception as error:  # keep the server up and say what happened
+        log.exception("request failed")
+        raise gr.Error(f"Generation failed: {type(error).__name__}: {clip(str(error), 200)}", title="Error",
+                       print_exception=False) from None
+
+
+def parse(*values):
+    """Validate the 15 control values into an ``explorer.Request`` (a readable error otherwise)."""
+    return checked(lambda: explorer.parse_request(BUNDLE, *values))
 
 
 def on_generate(method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k, top_p,
                 schedule, progress=gr.Progress()):
-    """The Generate button: validate, run, and show both images with their numbers (figures follow)."""
-    request = checked(lambda: explorer.parse_request(BUNDLE, method, delta, nu, mu_auto, mu, k, lam, draft,
-                                                     class_name, seed, cfg, temperature, top_k, top_p, schedule))
+    """The Generate button: validate, run, and show both images (figures and timings follow)."""
+    request = parse(method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k,
+                    top_p, schedule)
     started = time.perf_counter()
     result = checked(lambda: run_comparison(request, progress))
     log.info("generate %s class=%d seed=%d: %.2fs", request.label, request.class_id, request.seed,
@@ -96,192 +142,262 @@ def on_figures(result, metric):
             explorer.tradeoff_figure(BUNDLE, result, metric))
 
 
+def on_timing(result):
+    """Latencies of AR, Eagle-1 and the chosen method, measured now in interleaved repeats (after the images
+    and figures, so that nobody waits for them to see a picture)."""
+    if result is None:
+        return gr.skip(), gr.skip()
+    result.timing = checked(lambda: measure(result.request))
+    return explorer.timing_table(result), result
+
+
 def run_comparison(request, progress):
     return explorer.compare(BUNDLE, request, progress)
 
 
+def measure(request):
+    return explorer.measure_speed(BUNDLE, request)
+
+
 if spaces is not None:
     run_comparison = spaces.GPU(duration=60)(run_comparison)
-
-
-def checked(compute):
-    """Run ``compute``; bad input becomes a readable error in the UI, never a stack trace."""
-    try:
-        return compute()
-    except gr.Error:
-        raise
-    except ValueError as error:
-        raise gr.Error(str(error), title="Invalid setting") from None
-    except Exception as error:  # keep the server up and say what happened
-        log.exception("request failed")
-        raise gr.Error(f"Generation failed: {type(error).__name__}: {error}", title="Error") from None
+    measure = spaces.GPU(duration=60)(measure)
 
 
 def theory_outputs(result, request, source, toy_seed):
-    """Figure and table of the theory panel, or (unchanged figure, a hint) where it does not apply."""
+    """Figure and table of the theory panel, or (an empty figure, why) where it does not apply. Errors are
+    shown in the panel: it follows every slider move, and a toast per move would bury the user."""
     if request.method == "ar":
-        return gr.skip(), "AR drafts nothing: choose a speculative method to see its theory."
+        return None, "AR drafts nothing: choose a speculative method to see its theory."
     if result is None and source != "toy distributions":
-        return gr.skip(), "Generate an image first, or choose *toy distributions*."
-    figure, table, note = checked(lambda: explorer.theory_panel(
-        BUNDLE, result, request, "toy" if source == "toy distributions" else "captured", int(toy_seed)))
+        return None, "Generate an image first, or choose *toy distributions*."
+    try:
+        figure, table, note = explorer.theory_panel(
+            BUNDLE, result, request, "toy" if source == "toy distributions" else "captured",
+            PARAMS["seed"].check(toy_seed))
+    except ValueError as error:
+        return None, f"⚠️ {error}"
     return figure, explorer.theory_markdown(table, note)
 
 
 def on_theory(result, method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k,
               top_p, schedule, source, toy_seed):
     """Recompute the theory panel when a slider moves (no new generation)."""
-    request = checked(lambda: explorer.parse_request(BUNDLE, method, delta, nu, mu_auto, mu, k, lam, draft,
-                                                     class_name, seed, cfg, temperature, top_k, top_p, schedule))
+    try:
+        request = explorer.parse_request(BUNDLE, method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed,
+                                         cfg, temperature, top_k, top_p, schedule)
+    except ValueError as error:
+        return None, f"⚠️ {error}"
     return theory_outputs(result, request, source, toy_seed)
 
 
 def on_method(method):
     """Show only the controls that apply to ``method``."""
-    return [gr.update(visible=method in VISIBLE[key]) for key in ("delta", "cool", "cool", "cool", "lantern",
-                                                                   "lantern", "draft", "cool")]
+    return [gr.update(visible=method in VISIBLE[key]) for key in ("delta", "cool", "lantern", "draft")]
 
 
-def on_mu(mu_auto, nu, draft, schedule, mu):
-    """With "auto" on, show the value it computes and lock the slider."""
-    if not mu_auto:
-        return gr.update(interactive=True)
+def on_mu_auto(mu_auto, nu, draft, schedule):
+    """"μ auto" hides the μ slider (the value it stands for is shown under the sliders); turning it off starts
+    the slider at that value, clipped to the slider's range."""
+    if mu_auto:
+        return gr.update(visible=False)
     try:
-        return gr.update(value=round(explorer.mu_shown(nu, draft, schedule), 4), interactive=False)
+        value = explorer.auto_mu(nu, draft, schedule)
     except ValueError:
-        return gr.update(interactive=False)
+        return gr.update(visible=True)
+    param = PARAMS["mu"]
+    return gr.update(visible=True, value=round(min(max(value, param.low), param.high), 2))
 
 
 def on_replay(result, round_index):
     if result is None:
         return gr.skip()
-    return explorer.replay_figure(BUNDLE, result, int(round_index))
+    try:
+        index = int(round_index)
+    except (TypeError, ValueError):
+        return gr.skip()
+    return explorer.replay_figure(BUNDLE, result, index)
 
 
 def on_play(result):
-    """Step through every round (a short animation)."""
+    """Step through every round (a short animation); the slider's change event draws each frame."""
     if result is None:
-        raise gr.Error("Generate an image first.", title="Nothing to replay")
+        raise gr.Error("Generate an image first.", title="Nothing to replay", print_exception=False)
     for index in range(len(result.method.stats.rounds)):
-        yield gr.update(value=index), explorer.replay_figure(BUNDLE, result, index)
+        yield index
         time.sleep(0.3)
+
+
+class Run(TypedDict):
+    """One generation: its image tokens, the decoded picture, and its statistics."""
+
+    tokens: list[int]
+    pixels: list[list[int]]
+    png_base64: str
+    stats: dict[str, Any]
+
+
+class GenerateResult(TypedDict):
+    """``/generate``'s answer: the chosen method's run, lossless Eagle-1's run on the same class and seed, and
+    the latencies of AR, Eagle-1 and the method from interleaved repeats (None when ``timing_repeats`` is 0)."""
+
+    method: Run
+    eagle: Run
+    timing: dict[str, Any] | None
 
 
 def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: str = "auto", k: int = 10,
                  lam: float = 5.0, draft: str = "chain:5", class_name: str = DEFAULTS["class_name"], seed: int = 0,
                  cfg_scale: float = DEFAULTS["cfg"], temperature: float = DEFAULTS["temperature"],
-                 top_k: int = DEFAULTS["top_k"], top_p: float = DEFAULTS["top_p"],
-                 schedule: str = "exp") -> dict:
+                 top_k: int = DEFAULTS["top_k"], top_p: float = DEFAULTS["top_p"], schedule: str = "exp",
+                 timing_repeats: int = 0) -> GenerateResult:
     """Generate with one method and with lossless Eagle-1: both images (PNG base64 and pixels), tokens and
-    statistics, and AR's latency. ``mu`` is "auto" or a number."""
-    mu_auto = str(mu).strip().lower() == "auto"
-    request = checked(lambda: explorer.parse_request(BUNDLE, method, delta, nu, mu_auto, None if mu_auto else mu,
-                                                     k, lam, draft, class_name, seed, cfg_scale, temperature,
-                                                     top_k, top_p, schedule))
-    return explorer.api_payload(checked(lambda: run_comparison(request, None)))
+    statistics. ``mu`` is "auto" or a number. ``timing_repeats`` > 0 also times AR, Eagle-1 and the method
+    that many times each, interleaved. Parameter ranges: see the README."""
+    mu_auto = isinstance(mu, str) and mu.strip().lower() == "auto"
+    request = parse(method, delta, nu, mu_auto, None if mu_auto else mu, k, lam, draft, class_name, seed,
+                    cfg_scale, temperature, top_k, top_p, schedule)
+    repeats = checked(lambda: explorer.check_repeats(timing_repeats))
+    result = checked(lambda: run_comparison(request, None))
+    if repeats:
+        result.timing = checked(lambda: explorer.measure_speed(BUNDLE, request, repeats))
+    return explorer.api_payload(result)
 
 
-CSS = ".pixelated img { image-rendering: pixelated; } .timings th, .timings td { overflow-wrap: normal !important; word-break: normal !important; }"
+class Explorer(gr.Blocks):
+    """``gr.Blocks`` whose endpoints answer a malformed request with a readable error: Gradio itself rejects too
+    few values with an empty error, silently drops extra ones, and hides why a value could not be read."""
 
-with gr.Blocks(title="coolsd explorer") as demo:
+    def validate_inputs(self, block_fn, inputs):
+        if len(inputs) != len(block_fn.inputs):
+            message = f"/{block_fn.api_name} takes {len(block_fn.inputs)} values, got {len(inputs)}"
+            log.info("rejected request: %s", message)
+            raise gr.Error(message, title="Invalid request", print_exception=False)
+
+    async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
+        try:
+            return await super().preprocess_data(block_fn, inputs, state, explicit_call)
+        except gr.Error:
+            raise
+        except Exception as error:  # Gradio's message: "Could not preprocess ... \n\nExpected ... was: value"
+            parts = str(error).split("\n\n")
+            reason = parts[0].split(" with input components")[0] + (f": {parts[1]}" if len(parts) > 1 else "")
+            log.info("rejected request: %s", clip(reason, 300))
+            raise gr.Error(clip(reason, 300), title="Invalid request", print_exception=False) from None
+
+
+CSS = """
+.pixelated img { image-rendering: pixelated; }
+.timings { overflow-x: auto; }
+.timings table { width: max-content; font-size: 0.9em; }
+.timings th, .timings td { white-space: nowrap; overflow-wrap: normal !important; word-break: keep-all !important; }
+"""
+
+say("building the interface")
+with Explorer(title="coolsd explorer") as demo:
     result_state = gr.State(None)
     gr.Markdown(INTRO)
     with gr.Row():
-        with gr.Column(scale=1, min_width=320):
+        with gr.Column(scale=1, min_width=300):
             method = gr.Radio(list(explorer.METHODS), value=DEFAULTS["method"], label="Method")
             with gr.Row():
                 preset_11 = gr.Button("Paper: COOL-SD δ=1.1", size="sm")
                 preset_2 = gr.Button("Paper: COOL-SD δ=2", size="sm")
                 reset = gr.Button("Reset", size="sm")
-            delta = gr.Slider(0.05, 5.0, value=DEFAULTS["delta"], step=0.05, label="δ (delta): total relaxation")
-            nu = gr.Slider(-1.0, 2.0, value=DEFAULTS["nu"], step=0.05, label="ν (nu): decay per draft position")
-            with gr.Row():
-                mu_auto = gr.Checkbox(value=True, label="μ auto (mean ω = δ)", min_width=120)
-                mu = gr.Slider(-5.0, 5.0, value=0.0, step=0.01, label="μ (mu): offset", interactive=False)
-            omega_md = gr.Markdown()
-            k = gr.Slider(0, 50, value=DEFAULTS["k"], step=1, label="LANTERN++ k (neighbours)", visible=False)
-            lam = gr.Slider(1.0, 10.0, value=DEFAULTS["lam"], step=0.1, label="LANTERN++ λ (lambda)", visible=False)
+            delta = slider("delta")
+            with gr.Column(visible=True, elem_classes="cool-controls") as cool_box:
+                nu = slider("nu")
+                mu_auto = gr.Checkbox(value=True, label="μ auto (mean ω = δ)")
+                mu = slider("mu", visible=False, elem_id="mu-slider")
+                schedule = gr.Radio(["exp", "linear"], value="exp", label="COOL-SD schedule of ω")
+                omega_md = gr.Markdown(elem_id="omega-line")
+            with gr.Column(visible=False, elem_classes="lantern-controls") as lantern_box:
+                k = slider("k")
+                lam = slider("lambda")
             draft = gr.Dropdown(explorer.DRAFTS, value=DEFAULTS["draft"], label="Draft structure")
             class_name = gr.Dropdown(BUNDLE.class_names, value=DEFAULTS["class_name"], label="Class")
             with gr.Row():
-                seed = gr.Number(value=0, precision=0, label="Seed", minimum=0, maximum=2**31 - 1)
+                seed = gr.Number(value=0, precision=0, label="Seed", minimum=PARAMS["seed"].low,
+                                 maximum=PARAMS["seed"].high)
                 dice = gr.Button("Random seed", size="sm")
             with gr.Accordion("Advanced: sampling", open=False):
-                cfg = gr.Slider(0.0, 10.0, value=DEFAULTS["cfg"], step=0.1, label="CFG scale")
-                temperature = gr.Slider(0.1, 2.0, value=DEFAULTS["temperature"], step=0.05, label="Temperature")
-                top_k = gr.Slider(0, BUNDLE.config.vocab_size, value=DEFAULTS["top_k"], step=1,
-                                  label="Top-k (0 = off)")
-                top_p = gr.Slider(0.05, 1.0, value=DEFAULTS["top_p"], step=0.01, label="Top-p (1 = off)")
-                schedule = gr.Radio(["exp", "linear"], value="exp", label="COOL-SD schedule")
+                cfg = slider("cfg_scale", value=DEFAULTS["cfg"])
+                temperature = slider("temperature", value=DEFAULTS["temperature"])
+                top_k = slider("top_k", value=DEFAULTS["top_k"], maximum=BUNDLE.config.vocab_size)
+                top_p = slider("top_p", value=DEFAULTS["top_p"])
             run = gr.Button("Generate", variant="primary")
-        with gr.Column(scale=2):
+        with gr.Column(scale=2, min_width=300):
             caption = gr.Markdown("Press **Generate**.")
             with gr.Row():
                 image_method = gr.Image(label="Chosen method", type="pil", format="png", height=300,
                                         elem_classes="pixelated", interactive=False)
                 image_eagle = gr.Image(label="Eagle-1 (lossless)", type="pil", format="png", height=300,
                                        elem_classes="pixelated", interactive=False)
-            timings = gr.Markdown(elem_classes="timings")
+            timings = gr.Markdown(elem_classes="timings", elem_id="timings")
             with gr.Tabs():
                 with gr.Tab("Per position"):
-                    per_position = gr.Plot(label="acceptance per draft position")
+                    per_position = gr.Plot(show_label=False)
                 with gr.Tab("Accepted lengths"):
-                    lengths = gr.Plot(label="accepted length per round")
+                    lengths = gr.Plot(show_label=False)
                 with gr.Tab("Acceptance maps"):
                     with gr.Row():
-                        map_method = gr.Plot(label="chosen method")
-                        map_eagle = gr.Plot(label="Eagle-1")
+                        map_method = gr.Plot(show_label=False)
+                        map_eagle = gr.Plot(show_label=False)
                 with gr.Tab("Replay"):
                     with gr.Row():
-                        round_slider = gr.Slider(0, 1, value=0, step=1, label="Round")
+                        round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="round-slider")
                         play = gr.Button("▶ Play", size="sm")
-                    replay_plot = gr.Plot(label="one round")
+                    replay_plot = gr.Plot(show_label=False, elem_id="replay-plot")
                 with gr.Tab("Theory"):
                     gr.Markdown("Exact per-position acceptance rate `beta_i`, TV cost `e_i`, expected accepted drafts "
-                                "`E[N]` and the total-variation bound of one round (spec section 4), under the "
-                                "current sliders: move them and watch the trade-off.")
+                                "`E[N]` and the bound on the total-variation distance of one round, under the current "
+                                "sliders: move them and watch the trade-off. For a chain, "
+                                "`E[N] = sum_i prod_{j<=i} beta_j` and the bound is `sum_i (prod_{j<i} beta_j) e_i`.")
                     with gr.Row():
                         source = gr.Radio(["last generation", "toy distributions"], value="last generation",
                                           label="(p, q) pairs from")
                         toy_seed = gr.Number(value=0, precision=0, label="toy seed", minimum=0, maximum=10**6)
-                    theory_plot = gr.Plot()
-                    theory_md = gr.Markdown()
+                    theory_plot = gr.Plot(show_label=False, elem_id="theory-plot")
+                    theory_md = gr.Markdown(elem_id="theory-text")
                 with gr.Tab("Trade-off"):
-                    metric = gr.Radio(["fid", "judge_accuracy"], value="fid", label="quality axis")
-                    tradeoff_plot = gr.Plot(value=explorer.tradeoff_figure(BUNDLE, None, "fid"))
+                    metric = gr.Radio([("judge-FID (lower is better)", "fid"), ("class consistency", "judge_accuracy")],
+                                      value="fid", label="quality axis")
+                    tradeoff_plot = gr.Plot(value=explorer.tradeoff_figure(BUNDLE, None, "fid"), show_label=False)
                     gr.Markdown(METHOD_NOTES)
 
     controls = [method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k, top_p,
                 schedule]
+    private = {"api_visibility": "private"}  # UI callbacks: not part of the API (only /generate is)
     run.click(on_generate, controls, [image_method, image_eagle, timings, caption, round_slider, result_state],
-              api_visibility="private", concurrency_id="generate").then(
+              concurrency_id="generate", **private).then(
         on_figures, [result_state, metric], [per_position, lengths, map_method, map_eagle, replay_plot, theory_plot,
-                                             theory_md, tradeoff_plot], api_visibility="private")
-    method.change(on_method, method, [delta, nu, mu_auto, mu, k, lam, draft, schedule])
-    for control in (mu_auto, nu, draft, schedule):
-        control.change(on_mu, [mu_auto, nu, draft, schedule, mu], mu)
-    for control in (method, delta, nu, mu_auto, mu, draft, schedule):
-        control.change(explorer.omega_line, [method, delta, nu, mu_auto, mu, draft, schedule], omega_md)
-    for control in (method, delta, nu, mu_auto, mu, k, lam, schedule, source, toy_seed):
-        control.change(on_theory, [result_state, *controls, source, toy_seed], [theory_plot, theory_md],
-                       show_progress="hidden")
-    round_slider.release(on_replay, [result_state, round_slider], replay_plot)
-    play.click(on_play, result_state, [round_slider, replay_plot])
+                                             theory_md, tradeoff_plot], **private).then(
+        on_timing, result_state, [timings, result_state], concurrency_id="generate", show_progress="minimal",
+        **private)
+    method.change(on_method, method, [delta, cool_box, lantern_box, draft], **private)
+    mu_auto.change(on_mu_auto, [mu_auto, nu, draft, schedule], mu, **private)
+    omega_inputs = [method, delta, nu, mu_auto, mu, draft, schedule]
+    gr.on([demo.load] + [control.change for control in omega_inputs], explorer.omega_line, omega_inputs, omega_md,
+          **private)
+    gr.on([control.change for control in (method, delta, nu, mu_auto, mu, k, lam, schedule, source, toy_seed)],
+          on_theory, [result_state, *controls, source, toy_seed], [theory_plot, theory_md], show_progress="hidden",
+          **private)
+    round_slider.change(on_replay, [result_state, round_slider], replay_plot, show_progress="hidden", **private)
+    play.click(on_play, result_state, round_slider, **private)
     metric.change(lambda result, metric: explorer.tradeoff_figure(BUNDLE, result, metric), [result_state, metric],
-                  tradeoff_plot)
-    dice.click(lambda: random.randrange(2**31), None, seed)
-    preset_11.click(lambda: ("COOL-SD", 1.1, 0.7, True), None, [method, delta, nu, mu_auto])
-    preset_2.click(lambda: ("COOL-SD", 2.0, 0.7, True), None, [method, delta, nu, mu_auto])
+                  tradeoff_plot, **private)
+    dice.click(lambda: random.randrange(PARAMS["seed"].high + 1), None, seed, **private)
+    preset_11.click(lambda: ("COOL-SD", 1.1, 0.7, True), None, [method, delta, nu, mu_auto], **private)
+    preset_2.click(lambda: ("COOL-SD", 2.0, 0.7, True), None, [method, delta, nu, mu_auto], **private)
     reset.click(lambda: [DEFAULTS[key] for key in ("method", "delta", "nu", "mu_auto", "mu", "k", "lam", "draft",
                                                    "class_name", "seed", "cfg", "temperature", "top_k", "top_p",
-                                                   "schedule")], None, controls)
-    demo.load(explorer.omega_line, [method, delta, nu, mu_auto, mu, draft, schedule], omega_md)
-    demo.load(on_mu, [mu_auto, nu, draft, schedule, mu], mu)
+                                                   "schedule")], None, controls, **private)
     gr.api(api_generate, api_name="generate", concurrency_id="generate")
 
 demo.queue(default_concurrency_limit=2, max_size=64)
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    say("starting the web server")
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), css=CSS, show_error=False)
+                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), css=CSS, show_error=True)

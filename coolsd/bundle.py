@@ -4,6 +4,7 @@ and judge. One call loads it on CPU or CUDA; weights are safetensors."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,22 @@ from .sampling import SamplingConfig
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_MODEL = ASSETS / "fashion"
+
+
+def set_threads(threads: int | None = None) -> int:
+    """Set torch's CPU threads: ``threads``, else ``COOLSD_THREADS``, else 1. One thread is the measured
+    fastest for our small models (torch's default, one per core, was up to 10x slower on a busy 2-core
+    machine), and it lets concurrent requests use one core each."""
+    if threads is None:
+        text = os.environ.get("COOLSD_THREADS", "").strip()
+        try:
+            threads = int(text) if text else 1
+        except ValueError:
+            raise ValueError(f"COOLSD_THREADS must be a whole number >= 1, got {text[:40]!r}") from None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
+    torch.set_num_threads(threads)
+    return threads
 
 
 def pick_device(device: str | None = None) -> torch.device:

@@ -7,17 +7,19 @@ import base64
 import functools
 import io
 import json
-import math
+import statistics
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 from . import plots
 from .bundle import ASSETS, Bundle
+from .params import check, shorten
 from .decode import Generation, build_rule, generate
 from .rules import omega_schedule, resolve_mu
 from .sampling import SamplingConfig
@@ -34,32 +36,26 @@ METHODS: dict[str, tuple[str, dict]] = {
     "AR (no drafting)": ("ar", {}),
 }
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES]
-LIMITS = {"delta": (0.05, 10.0), "nu": (-2.0, 3.0), "mu": (-10.0, 10.0), "k": (0, 64), "lambda": (1.0, 20.0),
-          "cfg_scale": (0.0, 20.0), "temperature": (0.05, 5.0), "top_p": (0.01, 1.0), "seed": (0, 2**31 - 1)}
+SCHEDULES = ("exp", "linear")
 DISPLAY_SCALE = 10
+TIMING_REPEATS = 5
 RESULTS_FILE = ASSETS / "fashion" / "bench_results.json"
 
 
-def _number(name: str, value, integer: bool = False) -> float | int:
-    """A finite number within ``LIMITS[name]`` (a numeric string is accepted); else a readable ValueError."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        raise ValueError(f"{name} is missing")
+def choice(name: str, value, options) -> str:
+    """``value`` if it is one of ``options`` (strings), else a readable ValueError (the value shortened)."""
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of: {', '.join(options)}; got {shorten(value)}")
+    return value
+
+
+def flag(name: str, value) -> bool:
+    """A checkbox value: True/False (or the strings "true"/"false"/"auto" an API client may send)."""
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if integer:
-        if number != int(number):
-            raise ValueError(f"{name} must be a whole number, got {value!r}")
-        number = int(number)
-    low, high = LIMITS.get(name, (-math.inf, math.inf))
-    if not low <= number <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value!r}")
-    return number
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "auto"):
+        return value.strip().lower() != "false"
+    raise ValueError(f"{name} must be true or false, got {shorten(value)}")
 
 
 @dataclass(frozen=True)
@@ -81,34 +77,25 @@ class Request:
 
 def parse_request(bundle: Bundle, method: str, delta, nu, mu_auto, mu, k, lam, draft: str, class_name: str, seed,
                   cfg_scale, temperature, top_k, top_p, schedule: str = "exp") -> Request:
-    """Validate raw UI/API values (any type may arrive) into a :class:`Request`."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of: {', '.join(METHODS)}; got {method!r}")
-    name, fixed = METHODS[method]
-    if draft not in DRAFTS:
-        raise ValueError(f"draft structure must be one of: {', '.join(DRAFTS)}; got {draft!r}")
-    if class_name not in bundle.class_names:
-        raise ValueError(f"class must be one of: {', '.join(bundle.class_names)}; got {class_name!r}")
-    if schedule not in ("exp", "linear"):
-        raise ValueError(f"schedule must be 'exp' or 'linear', got {schedule!r}")
+    """Validate raw UI/API values (any type may arrive) into a :class:`Request`; ranges from ``coolsd.params``."""
+    name, fixed = METHODS[choice("method", method, METHODS)]
+    choice("draft structure", draft, DRAFTS)
+    choice("class", class_name, bundle.class_names)
+    choice("schedule", schedule, SCHEDULES)
     params: dict = dict(fixed)
     if name in ("cool", "uniform"):
-        params["delta"] = _number("delta", delta)
+        params["delta"] = check("delta", delta)
     if name == "cool":
-        params["nu"] = _number("nu", nu)
-        params["mu"] = "auto" if mu_auto in (True, "auto") else _number("mu", mu)
+        params["nu"] = check("nu", nu)
+        params["mu"] = "auto" if flag("mu auto", mu_auto) else check("mu", mu)
         params["schedule"] = schedule
     if name == "lantern":
-        params["k"] = _number("k", k, integer=True)
-        params["lambda"] = _number("lambda", lam)
-    top_k = _number("top_k", top_k, integer=True)
-    if not 0 <= top_k <= bundle.config.vocab_size:
-        raise ValueError(f"top_k must be between 0 (off) and {bundle.config.vocab_size}, got {top_k}")
-    sampling = SamplingConfig(cfg_scale=_number("cfg_scale", cfg_scale),
-                              temperature=_number("temperature", temperature), top_k=top_k,
-                              top_p=_number("top_p", top_p))
+        params["k"] = check("k", k)
+        params["lambda"] = check("lambda", lam)
+    sampling = SamplingConfig(cfg_scale=check("cfg_scale", cfg_scale), temperature=check("temperature", temperature),
+                              top_k=check("top_k", top_k, high=bundle.config.vocab_size), top_p=check("top_p", top_p))
     request = Request(method, name, tuple(sorted(params.items())), draft, bundle.class_names.index(class_name),
-                      _number("seed", seed, integer=True), sampling)
+                      check("seed", seed), sampling)
     rule_for(bundle, request)  # parameter combinations the rule itself refuses (e.g. a too steep linear nu)
     return request
 
@@ -121,7 +108,7 @@ def rule_for(bundle: Bundle, request: Request):
 class ResultCache:
     """A small thread-safe LRU cache for deterministic runs (same request, same tokens)."""
 
-    def __init__(self, size: int = 64) -> None:
+    def __init__(self, size: int = 32) -> None:
         self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
 
     def get_or_run(self, key, run):
@@ -137,25 +124,26 @@ class ResultCache:
         return value
 
 
-EAGLE_CACHE, AR_CACHE = ResultCache(), ResultCache()
+EAGLE_CACHE = ResultCache()
 
 
 @dataclass
 class Comparison:
-    """The chosen method's run next to lossless Eagle-1 on the same class and seed, and AR's latency."""
+    """The chosen method's run next to lossless Eagle-1 on the same class and seed, and (once measured) the
+    latencies of both and of AR."""
 
     request: Request
     method: Generation
     eagle: Generation
-    ar_seconds: float
     images: dict = field(default_factory=dict)
+    timing: "Timing | None" = None
 
 
 def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
-    """Run the chosen method (and, cached per setting, Eagle-1 and AR) for one request."""
+    """Run the chosen method and (cached per setting) lossless Eagle-1 for one request; no timing yet."""
     say = progress or (lambda *args, **kwargs: None)
     sampling, cls, seed = request.sampling, request.class_id, request.seed
-    eagle_key = (bundle.name, "eagle", request.draft, cls, seed, sampling)
+    eagle_key = (bundle.name, request.draft, cls, seed, sampling)
 
     def run_eagle() -> Generation:
         return generate(bundle, cls, "eagle", {}, request.draft, sampling, seed, capture=True)
@@ -165,17 +153,56 @@ def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
         method = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     else:
         method = generate(bundle, cls, request.method, request.param_dict, request.draft, sampling, seed)
-    say(0.4, desc="Generating with Eagle-1 (lossless)")
+    say(0.6, desc="Generating with Eagle-1 (lossless)")
     eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
-    say(0.6, desc="Timing AR")
-
-    def time_ar() -> float:
-        return generate(bundle, cls, "ar", {}, request.draft, sampling, seed).stats.seconds["total"]
-
-    ar_seconds = method.stats.seconds["total"] if request.method == "ar" else \
-        AR_CACHE.get_or_run((bundle.name, cls, seed, sampling), time_ar)
     images = {"method": bundle.image(method.tokens), "eagle": bundle.image(eagle.tokens)}
-    return Comparison(request, method, eagle, ar_seconds, images)
+    return Comparison(request, method, eagle, images)
+
+
+@dataclass
+class Timing:
+    """Latencies (seconds) of AR, Eagle-1 and the chosen method, from interleaved repeats in one request, so
+    that every ratio compares runs made under the same machine conditions."""
+
+    seconds: dict[str, list[float]]  # "ar" | "eagle" | "method" -> one latency per repeat
+    threads: int
+
+    @property
+    def repeats(self) -> int:
+        return len(self.seconds["ar"])
+
+    def latency(self, run: str) -> tuple[float, float, float]:
+        """Median, min and max latency of ``run``."""
+        values = self.seconds[run]
+        return statistics.median(values), min(values), max(values)
+
+    def speedup(self, run: str) -> tuple[float, float, float]:
+        """Median AR latency / median ``run`` latency, and the min and max of the per-repeat ratios."""
+        ratios = [ar / other for ar, other in zip(self.seconds["ar"], self.seconds[run])]
+        return statistics.median(self.seconds["ar"]) / statistics.median(self.seconds[run]), min(ratios), max(ratios)
+
+    def to_dict(self) -> dict:
+        return {"repeats": self.repeats, "threads": self.threads, "seconds": self.seconds,
+                **{f"speedup_vs_ar_{run}": self.speedup(run) for run in ("eagle", "method")}}
+
+
+def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS) -> Timing:
+    """Time AR, Eagle-1 and the chosen method ``repeats`` times each, interleaved, in rotating order (no run
+    always goes first); the same class, seed and sampling as the images, so the tokens are the same too."""
+    runs = {"ar": ("ar", {}), "eagle": ("eagle", {})}
+    if request.method not in runs:
+        runs["method"] = (request.method, request.param_dict)
+    order = list(runs)
+    seconds: dict[str, list[float]] = {run: [] for run in runs}
+    for repeat in range(repeats):
+        for run in order[repeat % len(order):] + order[:repeat % len(order)]:
+            method, params = runs[run]
+            generation = generate(bundle, request.class_id, method, params, request.draft, request.sampling,
+                                  request.seed)
+            seconds[run].append(generation.stats.seconds["total"])
+    if "method" not in seconds:  # AR or Eagle-1 chosen: it is one of the two
+        seconds["method"] = seconds[request.method]
+    return Timing(seconds, torch.get_num_threads())
 
 
 def warm_up(bundle: Bundle) -> None:
@@ -191,20 +218,37 @@ def enlarge(pixels: np.ndarray, scale: int = DISPLAY_SCALE) -> Image.Image:
 
 
 def timing_table(result: Comparison) -> str:
-    """Markdown: latency, speed-up vs AR, tau, forwards and relaxation cost for the runs and AR."""
-    rows = ["| run | latency | speed-up vs AR | tau (tokens / target forward) | target forwards | drafter forwards "
-            "| relaxation cost |", "|---|---|---|---|---|---|---|"]
-    runs = [(result.request.label, result.method.stats)]
+    """Markdown: per run, latency and speed-up vs AR (median and range over interleaved repeats, once
+    measured), tau, forwards and relaxation cost."""
+    rows = ["| run | latency (ms) | speed-up vs AR | tau | target forwards | drafter forwards | relaxation cost |",
+            "|---|---|---|---|---|---|---|"]
+    runs = [("method", result.request.label, result.method.stats)]
     if result.request.method != "eagle":
-        runs.append(("Eagle-1 (lossless)", result.eagle.stats))
-    for label, stats in runs:
-        seconds = stats.seconds["total"]
-        rows.append(f"| {label} | {1000 * seconds:.0f} ms | {result.ar_seconds / seconds:.2f}x | {stats.tau:.2f} | "
-                    f"{stats.target_forwards} | {stats.drafter_forwards} | {stats.relaxation_cost:.3f} |")
+        runs.append(("eagle", "Eagle-1 (lossless)", result.eagle.stats))
     if result.request.method != "ar":
-        tokens = result.method.stats.tokens
-        rows.append(f"| AR (no drafting) | {1000 * result.ar_seconds:.0f} ms | 1.00x | 1.00 | {tokens} | 0 | 0 |")
-    return "\n".join(rows)
+        runs.append(("ar", "AR (no drafting)", None))
+    timing = result.timing
+    for run, label, stats in runs:
+        if timing is None:
+            latency = speedup = "measuring…"
+        else:
+            median, low, high = timing.latency(run)
+            latency = f"{1000 * median:.0f} ({1000 * low:.0f}–{1000 * high:.0f})"
+            median, low, high = timing.speedup(run) if run != "ar" else (1.0, 1.0, 1.0)
+            speedup = f"**{median:.2f}x** ({low:.2f}–{high:.2f})" if run != "ar" else "1.00x"
+        if stats is None:  # AR: one target forward per token, no drafts, lossless
+            tokens = result.method.stats.tokens
+            rows.append(f"| {label} | {latency} | {speedup} | 1.00 | {tokens} | 0 | 0 |")
+        else:
+            rows.append(f"| {label} | {latency} | {speedup} | {stats.tau:.2f} | {stats.target_forwards} | "
+                        f"{stats.drafter_forwards} | {stats.relaxation_cost:.3f} |")
+    if timing is None:
+        note = "Latencies are being measured: AR, Eagle-1 and this method, interleaved, in this request."
+    else:
+        note = (f"Latency: median (min–max) of {timing.repeats} interleaved repeats of AR, Eagle-1 and this method "
+                f"in this request, {timing.threads} torch thread{'s' * (timing.threads > 1)}. Speed-up: median AR "
+                "latency / median latency (min–max of the per-repeat ratios). tau: tokens per target forward.")
+    return "\n".join(rows) + f"\n\n<small>{note}</small>"
 
 
 def grid_of(bundle: Bundle) -> tuple[int, int]:
@@ -261,20 +305,32 @@ def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, so
 
 
 def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -> str:
-    """COOL-SD's ``omega_1..omega_L`` at the current sliders, or why they are invalid (empty for other methods)."""
+    """COOL-SD's ``mu`` (computed, under auto) and ``omega_1..omega_L`` at the current sliders, or why they are
+    invalid (empty for other methods). Never raises: it runs on every slider move."""
     if method != "COOL-SD":
         return ""
     try:
-        omegas = omega_schedule(float(delta), float(nu), "auto" if mu_auto else float(mu), parse_draft(draft).depth,
-                                schedule)
-    except (ValueError, TypeError) as error:
-        return f"*{error}*"
-    return "omega: " + ", ".join(f"{w:.2f}" for w in omegas)
+        auto = flag("mu auto", mu_auto)
+        depth = parse_draft(choice("draft structure", draft, DRAFTS)).depth
+        schedule = choice("schedule", schedule, SCHEDULES)
+        nu = check("nu", nu)
+        mu_value = resolve_mu(nu, "auto" if auto else check("mu", mu), depth, schedule)
+        omegas = omega_schedule(check("delta", delta), nu, "auto" if auto else mu_value, depth, schedule)
+    except ValueError as error:
+        return f"⚠️ *{error}*"
+    mu_text = f"μ = {mu_value:.4g} (auto: mean ω = δ)" if auto else f"μ = {mu_value:.4g}"
+    return f"{mu_text}; ω_1..ω_{depth}: " + ", ".join(f"{w:.2f}" for w in omegas)
 
 
-def mu_shown(nu, draft: str, schedule: str = "exp") -> float:
-    """The value ``mu="auto"`` stands for at the current ``nu`` and draft depth."""
-    return resolve_mu(_number("nu", nu), "auto", parse_draft(draft).depth, schedule)
+def auto_mu(nu, draft: str, schedule: str = "exp") -> float:
+    """The value ``mu="auto"`` stands for at the current ``nu``, draft depth and schedule."""
+    return resolve_mu(check("nu", nu), "auto", parse_draft(choice("draft structure", draft, DRAFTS)).depth,
+                      choice("schedule", schedule, SCHEDULES))
+
+
+def check_repeats(repeats) -> int:
+    """The API's ``timing_repeats``: 0 (no timing) to 20."""
+    return check("timing_repeats", repeats)
 
 
 def theory_markdown(table: dict, note: str) -> str:
@@ -331,4 +387,4 @@ def api_payload(result: Comparison) -> dict:
         return {"tokens": generation.tokens, "pixels": pixels.tolist(), "png_base64": png_base64(pixels),
                 "stats": generation.stats.to_dict(rounds=False)}
     return {"method": run(result.method, result.images["method"]), "eagle": run(result.eagle, result.images["eagle"]),
-            "ar_latency_s": result.ar_seconds}
+            "timing": result.timing.to_dict() if result.timing is not None else None}

@@ -1,11 +1,22 @@
-"""Matplotlib figures of a generation's statistics (used by the app; each function returns a Figure)."""
+"""Matplotlib figures of a generation's statistics (used by the app; each function returns a Figure).
+
+The app shows each figure as a PNG at 100 dpi in a panel about 800 px wide (400 px for the maps, which sit side
+by side), without Gradio's own plot labels. So every figure carries its own title, keeps its text at 8 pt or
+more, and puts its legend outside the axes, where it cannot cover data.
+"""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator, PercentFormatter
+from matplotlib.transforms import Bbox
 
 from .stats import BONUS, DRAFT, FIRST, RESAMPLED, TARGET, GenerationStats
 
@@ -13,61 +24,157 @@ METHOD_COLOR, EAGLE_COLOR, OMEGA_COLOR, ACCEPTED_COLOR = "#d95f02", "#1b9e77", "
 ORIGIN_STYLE = {FIRST: ("#9e9e9e", "1st"), TARGET: ("#9e9e9e", "AR"), RESAMPLED: ("#e7298a", "R"),
                 BONUS: ("#e6ab02", "B")}
 DEPTH_CMAP = colormaps["viridis"]
+NOT_YET_COLOR, REJECTED_EDGE = "black", "red"
+TITLE_SIZE, SUBTITLE_SIZE, LEGEND_SIZE = 11, 9, 9  # points; 8 pt is about 11 px at the app's 100 dpi
+WIDE, NARROW = 8.0, 4.2  # inches: a full-width panel, and one of the two side-by-side acceptance maps
+REPLAY_WIDTH = 7.0  # Replay has the panel to itself: its legend goes right of the (square) image
 
 
-def _figure(width: float = 6.4, height: float = 3.4, cols: int = 1) -> tuple[Figure, np.ndarray]:
-    """A standalone figure (not registered with pyplot, so nothing accumulates in a long-running server)."""
+def _figure(width: float = WIDE, height: float = 3.6, cols: int = 1) -> tuple[Figure, np.ndarray]:
+    """A standalone figure (not registered with pyplot, so nothing accumulates in a long-running server), with
+    an Agg canvas so that callers and tests can measure its artists after ``fig.canvas.draw()``."""
     fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
     return fig, fig.subplots(1, cols, squeeze=False)[0]
 
 
+def _legend_below(fig: Figure, handles: list, ncol: int) -> None:
+    """A figure legend under the axes: constrained layout shrinks the axes to make room, so it covers nothing."""
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(ncol, len(handles)), fontsize=LEGEND_SIZE,
+                   frameon=False)
+
+
+def _integer_ticks(*axes) -> None:
+    """Ticks only at whole numbers, for counts and positions (no "round 1.5")."""
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+
+
+# Names the app shows --------------------------------------------------------------------------------------
+METHOD_NAMES = {"cool": "COOL-SD", "uniform": "UniformRSD", "lantern": "LANTERN++", "eagle": "Eagle-1 (lossless)",
+                "ar": "AR (no drafting)"}
+SYMBOLS = {"delta": "δ", "nu": "ν", "mu": "μ", "lambda": "λ"}
+SWEPT = ("delta", "k", "lambda")  # the strength of a relaxation: varies along a family's line
+
+
+def method_name(method: str, params: dict | None = None) -> str:
+    """The app's label for an internal method name (see ``explorer.METHODS``), so figures speak the UI's language."""
+    if method == "lantern" and (params or {}).get("residual") == "gstar":
+        return "LANTERN++ with G*"
+    return METHOD_NAMES.get(method, method)
+
+
+def _parameter(key: str, value) -> str:
+    """``δ=2`` for a parameter; a schedule shows as its bare name (``linear``)."""
+    return str(value) if key == "schedule" else f"{SYMBOLS.get(key, key)}={value}"
+
+
+def family(run: dict) -> str:
+    """A benchmark run's series: its method and every parameter except the relaxation strength (internal names;
+    :func:`family_name` is what the figure shows)."""
+    fixed = ", ".join(f"{key}={value}" for key, value in sorted(run["params"].items()) if key not in SWEPT)
+    return f"{run['method']} ({fixed})" if fixed else run["method"]
+
+
+def family_name(run: dict) -> str:
+    """A series' display name: the app's method name plus the fixed parameters, e.g. ``COOL-SD (ν=0.3, linear)``."""
+    params = run["params"]
+    keys = sorted(params, key=lambda key: (key == "schedule", key))  # "COOL-SD (ν=0.3, linear)": schedule last
+    fixed = [_parameter(key, params[key]) for key in keys
+             if key not in SWEPT and key != "residual"]  # residual is already in the name (LANTERN++ with G*)
+    name = method_name(run["method"], params)
+    return f"{name} ({', '.join(fixed)})" if fixed else name
+
+
+def point_label(run: dict) -> str:
+    """What varies along a series at this point (``δ=2``, ``k=10, λ=5``); the method for a lone point."""
+    swept = [_parameter(key, run["params"][key]) for key in SWEPT if key in run["params"]]
+    return ", ".join(swept) if swept else method_name(run["method"], run["params"]).split(" (")[0]
+
+
+# Per-generation figures -----------------------------------------------------------------------------------
+def _color(stats: GenerationStats) -> str:
+    """Eagle-1 is green in every figure, whether it is the chosen method or the lossless reference."""
+    return EAGLE_COLOR if stats.method == "eagle" else METHOD_COLOR
+
+
+def _drafted(stats: GenerationStats) -> bool:
+    """Whether a run has any draft position to show (AR has none)."""
+    return stats.tree_depth > 0 and any(v is not None for v in stats.per_depth()["accept_prob"])
+
+
+def _nan_for_none(values: list) -> list[float]:
+    return [np.nan if v is None else v for v in values]
+
+
 def per_position(runs: list[tuple[str, GenerationStats]], omegas: list[float] | None = None) -> Figure:
-    """Per draft depth: mean acceptance probability (solid) and empirical rate (dashed) per run, and omega_d."""
-    fig, (ax,) = _figure()
-    for (label, stats), color in zip(runs, (METHOD_COLOR, EAGLE_COLOR)):
-        depth = stats.per_depth()
-        x = depth["depth"]
-        prob = [np.nan if v is None else v for v in depth["accept_prob"]]
-        rate = [np.nan if v is None else v for v in depth["accept_rate"]]
-        ax.plot(x, prob, "o-", color=color, label=f"{label}: mean acceptance probability")
-        ax.plot(x, rate, "s--", color=color, alpha=0.7, label=f"{label}: empirical acceptance rate")
+    """Per draft depth: mean acceptance probability (solid) and empirical rate (dashed) per run, and omega_d.
+    A run that drafts nothing (AR) adds no series: its legend entries would describe empty lines."""
+    fig, (ax,) = _figure(WIDE, 3.8)
+    fig.suptitle("Acceptance per draft position", fontsize=TITLE_SIZE)
+    shown = [(label, stats, _color(stats)) for label, stats in runs if _drafted(stats)]
+    skipped = [label for label, stats in runs if not _drafted(stats)]
+    if not shown and not omegas:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, "AR drafts nothing:\nno draft positions to show", transform=ax.transAxes, ha="center",
+                va="center", fontsize=12, color="0.35")
+        return fig
+    if skipped:
+        ax.set_title(f"{' and '.join(skipped)} drafts nothing (not shown)", fontsize=SUBTITLE_SIZE)
+    depth = max([len(omegas or [])] + [stats.tree_depth for _, stats, _ in shown])
+    for label, stats, color in shown:
+        per_depth = stats.per_depth()
+        ax.plot(per_depth["depth"], _nan_for_none(per_depth["accept_prob"]), "o-", color=color,
+                label=f"{label}: mean acceptance probability")
+        ax.plot(per_depth["depth"], _nan_for_none(per_depth["accept_rate"]), "s--", color=color, alpha=0.7,
+                label=f"{label}: empirical acceptance rate")
+    ax.set_xticks(range(1, depth + 1))
+    ax.set_xlim(0.7, depth + 0.3)
     ax.set_xlabel("draft position (depth in the draft window)")
-    ax.set_ylabel("acceptance")
+    ax.set_ylabel("probability / rate")
     ax.set_ylim(0, 1.05)
+    handles = ax.get_legend_handles_labels()[0]
     if omegas:
-        ax.set_xticks(range(1, len(omegas) + 1))
         twin = ax.twinx()
-        twin.plot(range(1, len(omegas) + 1), omegas, "^:", color=OMEGA_COLOR, label="omega_i (schedule)")
-        twin.axhline(1.0, color=OMEGA_COLOR, lw=0.6, alpha=0.4)
-        twin.set_ylabel("omega_i", color=OMEGA_COLOR)
+        handles += twin.plot(range(1, len(omegas) + 1), omegas, "^:", color=OMEGA_COLOR,
+                             label=r"$\omega_i$ (relaxation schedule, right axis)")
+        handles.append(twin.axhline(1.0, color=OMEGA_COLOR, lw=0.8, alpha=0.4, label=r"$\omega_i = 1$: lossless"))
+        twin.set_ylabel(r"$\omega_i$", color=OMEGA_COLOR)
         twin.set_ylim(0, max(1.1, max(omegas) * 1.1))
-        handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-        ax.legend(handles=handles, fontsize=7, loc="lower left")
-    else:
-        ax.legend(fontsize=7, loc="lower left")
-    ax.set_title("Acceptance per draft position", fontsize=10)
+    _legend_below(fig, handles, ncol=2)
     return fig
 
 
+def _accepted(stats: GenerationStats) -> list[int]:
+    return stats.accepted_per_round[1:]  # round 0 is the prefill (no drafts)
+
+
 def accepted_lengths(runs: list[tuple[str, GenerationStats]]) -> Figure:
-    """Accepted drafts per round along the image, and their histogram."""
-    fig, (line, hist) = _figure(9.0, 3.2, cols=2)
-    top = 0
-    for (label, stats), color in zip(runs, (METHOD_COLOR, EAGLE_COLOR)):
-        accepted = stats.accepted_per_round[1:]  # round 0 is the prefill (no drafts)
-        top = max([top, *accepted])
+    """Accepted drafts per round along the image, and how often each count occurs (bars side by side, so that
+    neither run hides the other)."""
+    fig, (line, hist) = _figure(WIDE, 3.8, cols=2)
+    fig.suptitle("Accepted drafts per round (round 0, the prefill, left out)", fontsize=TITLE_SIZE)
+    longest = max([0] + [stats.tree_depth for _, stats in runs])
+    counts = np.arange(longest + 1)
+    width = 0.8 / max(1, len(runs))
+    for i, (label, stats) in enumerate(runs):
+        accepted, color = _accepted(stats), _color(stats)
         line.step(range(1, len(accepted) + 1), accepted, where="mid", color=color,
-                  label=f"{label} (tau={stats.tau:.2f})")
-        hist.hist(accepted, bins=np.arange(-0.5, stats.tree_depth + 1.5), color=color, alpha=0.5, label=label)
+                  label=f"{label} (τ = {stats.tau:.2f} tokens per target forward)")
+        rounds = np.bincount(accepted, minlength=longest + 1)[:longest + 1] if accepted else np.zeros_like(counts)
+        hist.bar(counts + (i - (len(runs) - 1) / 2) * width, rounds, width=width, color=color, alpha=0.8)
     line.set_xlabel("round")
     line.set_ylabel("accepted drafts")
-    line.set_yticks(range(top + 1))
-    line.legend(fontsize=7)
+    line.set_ylim(-0.3, longest + 0.3)
+    line.set_title("along the image", fontsize=SUBTITLE_SIZE)
     hist.set_xlabel("accepted drafts in a round")
     hist.set_ylabel("rounds")
-    hist.legend(fontsize=7)
-    line.set_title("Accepted length per round", fontsize=10)
-    hist.set_title("Histogram", fontsize=10)
+    hist.set_xticks(counts)
+    hist.set_title("how often each count occurs", fontsize=SUBTITLE_SIZE)
+    _integer_ticks(line.xaxis, line.yaxis, hist.yaxis)
+    _legend_below(fig, line.get_legend_handles_labels()[0], ncol=1)
     return fig
 
 
@@ -84,28 +191,51 @@ def _grid_axes(ax, image: np.ndarray, grid: tuple[int, int], dim: float = 1.0):
     return cell
 
 
+def _depth_color(depth: int, depth_max: int):
+    return DEPTH_CMAP((depth - 1) / max(1, depth_max - 1))
+
+
+def _origin_legend(stats: GenerationStats) -> list[Patch]:
+    """One entry per colour the map uses: each accepted draft depth that occurs, then the other origins (short
+    labels: two columns must fit the map's 400 px)."""
+    depth_max = max(1, stats.tree_depth)
+    depths = sorted({d for origin, d in zip(stats.token_origin, stats.token_depth) if origin == DRAFT})
+    entries = [Patch(color=_depth_color(d, depth_max), label=f"draft, depth {d}") for d in depths]
+    origins = set(stats.token_origin)
+    labels = {RESAMPLED: "R: resampled", BONUS: "B: bonus"}
+    entries += [Patch(color=ORIGIN_STYLE[origin][0], label=text)
+                for origin, text in labels.items() if origin in origins]
+    if origins & {FIRST, TARGET}:
+        entries.append(Patch(color=ORIGIN_STYLE[FIRST][0], label="1st / AR: target"))
+    return entries
+
+
 def acceptance_map(image: np.ndarray, stats: GenerationStats, grid: tuple[int, int], title: str) -> Figure:
     """The token grid over the image: accepted drafts coloured by depth, other origins marked."""
-    fig, (ax,) = _figure(4.2, 4.4)
+    legend = _origin_legend(stats)
+    fig, (ax,) = _figure(NARROW, 4.4 + 0.2 * math.ceil(len(legend) / 2))
+    fig.suptitle(f"{title}: where each token came from", fontsize=SUBTITLE_SIZE + 1)
     cell = _grid_axes(ax, image, grid, dim=0.55)
     depth_max = max(1, stats.tree_depth)
     for index, (origin, depth) in enumerate(zip(stats.token_origin, stats.token_depth)):
         x, y, cell_w, cell_h = cell(index)
-        if origin == DRAFT:
-            color, text = DEPTH_CMAP((depth - 1) / max(1, depth_max - 1)), str(depth)
-        else:
-            color, text = ORIGIN_STYLE[origin]
+        color, text = (_depth_color(depth, depth_max), str(depth)) if origin == DRAFT else ORIGIN_STYLE[origin]
         ax.add_patch(Rectangle((x, y), cell_w, cell_h, facecolor=color, alpha=0.45, edgecolor="white", lw=0.4))
-        ax.text(x + cell_w / 2, y + cell_h / 2, text, ha="center", va="center", fontsize=7, color="white",
+        ax.text(x + cell_w / 2, y + cell_h / 2, text, ha="center", va="center", fontsize=8, color="white",
                 fontweight="bold")
-    legend = [Patch(color=DEPTH_CMAP(i / max(1, depth_max - 1)), label=f"draft depth {i + 1}")
-              for i in range(depth_max)] if stats.tree_depth else []
-    legend += [Patch(color=ORIGIN_STYLE[RESAMPLED][0], label="R resampled"),
-               Patch(color=ORIGIN_STYLE[BONUS][0], label="B bonus"),
-               Patch(color=ORIGIN_STYLE[FIRST][0], label="first / AR")]
-    ax.legend(handles=legend, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=3, frameon=False)
-    ax.set_title(title, fontsize=10)
+    _legend_below(fig, legend, ncol=2)
     return fig
+
+
+def _replay_legend() -> list[Patch]:
+    """Every colour Replay can use, in the same order for every round, so the layout holds still while playing."""
+    return [Patch(facecolor=ACCEPTED_COLOR, alpha=0.6, label="accepted draft"),
+            Patch(facecolor=ORIGIN_STYLE[RESAMPLED][0], alpha=0.6, edgecolor=REJECTED_EDGE, lw=2,
+                  label="resampled after a rejection"),
+            Patch(facecolor=ORIGIN_STYLE[BONUS][0], alpha=0.6, label="bonus (all drafts accepted)"),
+            Patch(facecolor=ORIGIN_STYLE[TARGET][0], alpha=0.6, label="sampled by the target (1st / AR)"),
+            Patch(facecolor="0.75", edgecolor="0.4", label="earlier tokens (image so far)"),
+            Patch(facecolor=NOT_YET_COLOR, alpha=0.8, label="not yet generated")]
 
 
 def replay(image: np.ndarray, stats: GenerationStats, grid: tuple[int, int], round_index: int) -> Figure:
@@ -114,64 +244,114 @@ def replay(image: np.ndarray, stats: GenerationStats, grid: tuple[int, int], rou
     round_index = int(np.clip(round_index, 0, len(stats.rounds) - 1))
     current = stats.rounds[round_index]
     start, emitted = current.start, len(current.emitted)
-    fig, (ax,) = _figure(4.2, 4.4)
+    fig, (ax,) = _figure(REPLAY_WIDTH, 4.6)
     cell = _grid_axes(ax, image, grid)
     for index in range(start, grid[0] * grid[1]):
         x, y, cell_w, cell_h = cell(index)
         if index >= start + emitted:  # not generated yet
-            ax.add_patch(Rectangle((x, y), cell_w, cell_h, facecolor="black", alpha=0.8, lw=0))
+            ax.add_patch(Rectangle((x, y), cell_w, cell_h, facecolor=NOT_YET_COLOR, alpha=0.8, lw=0))
             continue
         last = index == start + emitted - 1
         color = ORIGIN_STYLE[current.next_origin][0] if last else ACCEPTED_COLOR
         ax.add_patch(Rectangle((x, y), cell_w, cell_h, facecolor=color, alpha=0.45, edgecolor=color, lw=1.5))
         if last and current.next_origin == RESAMPLED:  # a candidate was rejected in this cell
-            ax.add_patch(Rectangle((x, y), cell_w, cell_h, fill=False, edgecolor="red", lw=2.5))
-    drafted = sum(current.valid)
-    tested = len(current.tested)
-    ax.set_title(f"round {round_index}: {drafted} drafted, {tested} tested, {emitted - 1} accepted, "
-                 f"+1 {current.next_origin}", fontsize=8)
+            ax.add_patch(Rectangle((x, y), cell_w, cell_h, fill=False, edgecolor=REJECTED_EDGE, lw=2.5))
+    fig.suptitle(f"{method_name(stats.method, stats.params)}: round {round_index} of {len(stats.rounds) - 1}",
+                 fontsize=SUBTITLE_SIZE + 1)
+    ax.set_title(f"{sum(current.valid)} drafted, {len(current.tested)} tested, {emitted - 1} accepted, "
+                 f"+1 {current.next_origin}", fontsize=SUBTITLE_SIZE)
+    fig.legend(handles=_replay_legend(), loc="outside right center", fontsize=LEGEND_SIZE, frameon=False)
     return fig
 
 
 def theory(table: dict, title: str) -> Figure:
     """beta_i, e_i and the chance of reaching position i, with E[N] and the TV bound in the title."""
-    fig, (ax,) = _figure(6.4, 3.2)
-    x = table["depth"]
-    ax.bar(np.array(x) - 0.2, table["beta"], width=0.4, color=EAGLE_COLOR, label="beta_i (acceptance rate)")
-    ax.bar(np.array(x) + 0.2, table["cost"], width=0.4, color=METHOD_COLOR, label="e_i (TV cost of step i)")
-    ax.plot(x, table["reach"], "k.-", label="P(reach i)")
+    fig, (ax,) = _figure(WIDE, 3.8)
+    fig.suptitle(f"Theory of one round: {title}", fontsize=TITLE_SIZE)
+    ax.set_title(f"E[N] = {table['expected_accepted']:.3f} accepted drafts per round, "
+                 f"TV bound = {table['tv_bound']:.4f}", fontsize=SUBTITLE_SIZE)
+    x = np.array(table["depth"])
+    ax.bar(x - 0.2, table["beta"], width=0.4, color=EAGLE_COLOR, label=r"$\beta_i$: acceptance rate at position $i$")
+    ax.bar(x + 0.2, table["cost"], width=0.4, color=METHOD_COLOR, label=r"$e_i$: TV cost of step $i$")
+    ax.plot(x, table["reach"], "k.-", label=r"P(reach position $i$)")
     ax.set_xticks(x)
-    ax.set_xlabel("draft position i")
+    ax.set_xlabel(r"draft position $i$")
+    ax.set_ylabel("probability")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
-    ax.set_title(f"{title}\nE[N] = {table['expected_accepted']:.3f} accepted drafts per round, "
-                 f"TV bound = {table['tv_bound']:.4f}", fontsize=9)
+    _legend_below(fig, ax.get_legend_handles_labels()[0], ncol=3)
     return fig
 
 
-SWEPT = ("delta", "k", "lambda")  # the strength of a relaxation: varies along a family's line
+# Benchmark trade-off ------------------------------------------------------------------------------------
+METRIC_LABELS = {"fid": "judge-FID (lower is better)", "judge_accuracy": "class consistency (higher is better)",
+                 "tau": "mean accepted length τ (tokens per target forward)"}
+FID_NOISE, FID_NOISE_IMAGES = 1.0, 200  # AR against Eagle-1 (same distribution) differ by ~1 at 200 images (README)
+LABEL_OFFSETS = [(5, 4), (5, -12), (-5, 4), (-5, -12), (5, 14), (5, -22), (-5, 14), (-5, -22)]  # points
 
 
-def family(run: dict) -> str:
-    """A benchmark run's series: its method and every parameter except the relaxation strength."""
-    fixed = ", ".join(f"{key}={value}" for key, value in sorted(run["params"].items()) if key not in SWEPT)
-    return f"{run['method']} ({fixed})" if fixed else run["method"]
+def fid_noise(images: int) -> float:
+    """FID difference that is noise at ``images`` images: measured at 200; its sampling spread shrinks roughly
+    as 1/sqrt(images), so other benchmark sizes get the same order of magnitude."""
+    return FID_NOISE * math.sqrt(FID_NOISE_IMAGES / max(1, images))
+
+
+def _label_points(ax: Axes, points: list[tuple[float, float, str]]) -> None:
+    """Label each point beside it, trying the next side when a label would cover a marker or an earlier label."""
+    ax.figure.canvas.draw()  # final layout first, so that measured label positions hold in the saved image
+    renderer = ax.figure.canvas.get_renderer()
+    radius = 4 * ax.figure.dpi / 72  # a marker's half-width in pixels
+    placed = [Bbox.from_bounds(px - radius, py - radius, 2 * radius, 2 * radius)
+              for px, py in ax.transData.transform([(x, y) for x, y, _ in points])] if points else []
+    for x, y, text in points:
+        for dx, dy in LABEL_OFFSETS:
+            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=8,
+                                ha="left" if dx > 0 else "right", color="0.25")
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            label.remove()
+        else:
+            label = ax.annotate(text, (x, y), xytext=LABEL_OFFSETS[0], textcoords="offset points", fontsize=8,
+                                color="0.25")
+        placed.append(label.get_window_extent(renderer))
+
+
+def _benchmark_images(runs: list[dict]) -> int | None:
+    """Images per method behind the benchmark's FID (each run records it as ``fid_images``)."""
+    return max([run.get("fid_images") or 0 for run in runs], default=0) or None
 
 
 def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str = "tau",
-             y_key: str = "fid") -> Figure:
-    """Benchmark results: quality against mean accepted length, one series per method family."""
-    fig, (ax,) = _figure(6.4, 3.6)
+             y_key: str = "fid", images: int | None = None) -> Figure:
+    """Benchmark results: quality against mean accepted length, one series per method family, each point labelled
+    with its relaxation strength. ``images`` (default: the runs' ``fid_images``) sets the FID noise note."""
+    fig, (ax,) = _figure(WIDE, 4.4)
     families: dict[str, list[dict]] = {}
     for run in runs:
         if run.get(y_key) is not None:
-            families.setdefault(family(run), []).append(run)
-    for name, items in families.items():
+            families.setdefault(family_name(run), []).append(run)
+    images = images or _benchmark_images(runs)
+    fig.suptitle("Quality against speed: the shipped benchmark" + (f" ({images} images per method)" if images else ""),
+                 fontsize=TITLE_SIZE)
+    if y_key == "fid" and images:
+        ax.set_title(f"FID differences of about ±{fid_noise(images):.1g} are noise at {images} images",
+                     fontsize=SUBTITLE_SIZE, style="italic", color="0.3")
+    markers = "osD^vP"
+    points = []
+    for i, (name, items) in enumerate(families.items()):
         items = sorted(items, key=lambda r: r[x_key])
-        ax.plot([r[x_key] for r in items], [r[y_key] for r in items], "o-", label=name)
+        xs, ys = [r[x_key] for r in items], [r[y_key] for r in items]
+        ax.plot(xs, ys, marker=markers[i % len(markers)], ls="-", label=name)
+        points += [(x, y, point_label(r)) for x, y, r in zip(xs, ys, items)]
     if current is not None:
-        ax.plot(*current, "*", color="red", markersize=14, label="current setting")
-    ax.set_xlabel("mean accepted length tau (tokens per target forward)")
-    ax.set_ylabel({"fid": "judge-FID (lower is better)", "judge_accuracy": "class consistency"}.get(y_key, y_key))
-    ax.legend(fontsize=7)
+        ax.plot(*current, "*", color="red", markersize=14, label="current setting", zorder=3)
+    ax.set_xlabel(METRIC_LABELS.get(x_key, x_key))
+    ax.set_ylabel(METRIC_LABELS.get(y_key, y_key))
+    if y_key == "judge_accuracy":
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.margins(x=0.12, y=0.12)
+    handles = ax.get_legend_handles_labels()[0]
+    if handles:
+        fig.legend(handles=handles, loc="outside right center", fontsize=LEGEND_SIZE, frameon=False)
+    _label_points(ax, points)
     return fig

@@ -106,6 +106,22 @@ def resolve_mu(nu: float, mu: float | str, depth: int, schedule: str = "exp") ->
     return math.log(np.exp(-nu * np.arange(1, depth + 1)).mean())
 
 
+def linear_schedule_error(nu: float, mu: float, auto_mu: bool, depth: int, omegas: np.ndarray) -> str:
+    """Why ``omega_d = delta (1 - nu d - mu)`` is not positive: the first position where it fails, the
+    parameter that causes it, and which way to move that parameter."""
+    worst = depth if nu > 0 else 1  # omega is monotone in d: the smallest sits at one end of the window
+    where = (f"omega_{worst} = {omegas[worst - 1]:.3g} <= 0 at draft position {worst} of {depth} "
+             f"(linear schedule: omega_d = delta * (1 - nu*d - mu))")
+    if auto_mu:  # mu = -nu (D+1)/2, so omega_d = delta (1 + nu ((D+1)/2 - d)): only nu's size matters
+        bound = 2 / (depth - 1)
+        move = f"lower nu below {bound:.3g}" if nu > 0 else f"raise nu above {-bound:.3g}"
+        return f"nu={nu:g} is too steep for a linear schedule with mu=auto: {where}; {move} or use schedule 'exp'"
+    if mu >= 1 or nu <= 0:  # the offset alone makes omega non-positive
+        return f"mu={mu:g} is too large: {where}; lower mu below {1 - nu * worst:.3g}"
+    return (f"nu={nu:g} is too steep for a linear schedule with mu={mu:g}: {where}; lower nu below "
+            f"{(1 - mu) / depth:.3g}, or lower mu")
+
+
 def omega_schedule(delta: float, nu: float, mu: float | str, depth: int, schedule: str = "exp") -> list[float]:
     """COOL-SD's ``omega_1..omega_D`` (spec section 3).
 
@@ -117,13 +133,13 @@ def omega_schedule(delta: float, nu: float, mu: float | str, depth: int, schedul
         raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
     if schedule not in ("exp", "linear"):
         raise ValueError(f"schedule must be 'exp' or 'linear', got {schedule!r}")
+    auto_mu = mu == "auto"
     mu = resolve_mu(nu, mu, depth, schedule)
     d = np.arange(1, depth + 1, dtype=np.float64)
     with np.errstate(over="ignore"):
         omegas = delta * np.exp(-nu * d - mu) if schedule == "exp" else delta * (1 - nu * d - mu)
     if schedule == "linear" and omegas.min() <= 0:
-        raise ValueError(f"nu={nu} is too steep for a linear schedule over {depth} positions: omega_{depth} "
-                         f"would be {omegas[-1]:.3g}; lower nu or use schedule='exp'")
+        raise ValueError(linear_schedule_error(nu, mu, auto_mu, depth, omegas))
     if not np.all(np.isfinite(omegas)):
         raise ValueError(f"omega overflows for delta={delta}, nu={nu}, mu={mu}")
     return omegas.tolist()

@@ -12,6 +12,8 @@ from functools import cached_property
 
 import torch
 
+from .params import shorten
+
 Path = tuple[int, ...]
 
 
@@ -135,20 +137,51 @@ TREES: dict[str, tuple[Path, ...]] = {
 }
 
 
-def parse_draft(spec: "str | DraftTree") -> DraftTree:
-    """``chain:L`` or ``tree:<preset>`` (presets: see ``TREES``)."""
+# No draft deeper than this is ever useful (acceptance decays geometrically with depth), and a chain's paths,
+# levels and mask grow quadratically with its length (chain:20000 took 31 s and 3.4 GB), so absurd lengths are
+# refused before anything is built, even when the model's own bound is not known.
+MAX_DRAFT_DEPTH = 1024
+
+
+def usable_depth(image_tokens: int) -> int:
+    """The deepest draft a model with ``image_tokens`` tokens per image can use: the prefill emits the first
+    token, and every round emits its accepted drafts plus one token of the target's, so a round starting with
+    ``n >= 1`` tokens can use at most ``image_tokens - n - 1`` drafted positions (see ``decode``)."""
+    return max(1, image_tokens - 2)
+
+
+def check_depth(depth: int, spec: str, max_depth: int | None) -> None:
+    """Refuse a draft deeper than ``max_depth`` (the model's :func:`usable_depth`) or than MAX_DRAFT_DEPTH."""
+    if max_depth is not None and depth > max_depth and max_depth <= MAX_DRAFT_DEPTH:
+        raise ValueError(f"draft {spec} is deeper than this model can use: its images leave room for at most "
+                         f"{max_depth} drafted positions per round (e.g. chain:{max_depth})")
+    if depth > MAX_DRAFT_DEPTH:
+        raise ValueError(f"draft {spec} is too deep: at most {MAX_DRAFT_DEPTH} drafted positions are supported")
+
+
+def parse_draft(spec: "str | DraftTree", max_depth: int | None = None) -> DraftTree:
+    """``chain:L`` or ``tree:<preset>`` (presets: see ``TREES``). ``max_depth`` (a model's :func:`usable_depth`)
+    and MAX_DRAFT_DEPTH bound the depth; both are checked before the tree is built."""
     if isinstance(spec, DraftTree):
         if not spec.size:
             raise ValueError("draft tree is empty: it needs at least one node")
+        check_depth(spec.depth, spec.name, max_depth)
         return spec
     kind, _, arg = str(spec).partition(":")
     if kind == "chain":
         try:
-            return chain(int(arg))
-        except ValueError:
-            raise ValueError(f"draft: chain length must be an integer >= 1, got {arg!r}") from None
+            length = int(arg)
+        except ValueError:  # also a number too long to convert (Python refuses over 4,300 digits)
+            length = 0
+        if length < 1:
+            raise ValueError(f"draft: chain length must be a whole number from 1 to {MAX_DRAFT_DEPTH}, "
+                             f"got {shorten(arg)}")
+        check_depth(length, f"chain:{length}", max_depth)
+        return chain(length)
     if kind == "tree":
         if arg not in TREES:
-            raise ValueError(f"draft: unknown tree preset {arg!r}; choose one of {sorted(TREES)}")
-        return DraftTree(TREES[arg], f"tree:{arg}")
-    raise ValueError(f"draft must look like 'chain:5' or 'tree:eagle25', got {spec!r}")
+            raise ValueError(f"draft: unknown tree preset {shorten(arg)}; choose one of {sorted(TREES)}")
+        tree = DraftTree(TREES[arg], f"tree:{arg}")
+        check_depth(tree.depth, tree.name, max_depth)
+        return tree
+    raise ValueError(f"draft must look like 'chain:5' or 'tree:eagle25', got {shorten(spec)}")

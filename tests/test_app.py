@@ -1,14 +1,16 @@
 """The app's callbacks, called directly: validation, outputs, theory updates, API payload."""
 
-import math
+import logging
 
 import gradio as gr
+import numpy as np
 import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
 import app
 from coolsd import explorer, plots
+from coolsd.params import PARAMS
 from coolsd.rules import resolve_mu
 
 
@@ -38,6 +40,7 @@ def test_generate_fills_every_output(generated):
     assert image["label"] == "COOL-SD"
     assert isinstance(eagle_image, Image.Image)
     assert "speed-up vs AR" in table and "COOL-SD" in table and "Eagle-1" in table and "AR" in table
+    assert "measuring" in table  # latencies follow in their own step
     for figure in (per_position, lengths, map_method, map_eagle, replay, theory_fig):
         assert isinstance(figure, Figure)
     assert slider["maximum"] == max(1, len(result.method.stats.rounds) - 1)
@@ -45,6 +48,48 @@ def test_generate_fills_every_output(generated):
     assert result.method.stats.tokens == grid.image_tokens and result.eagle.stats.relaxation_cost == 0
     assert result.method.stats.method == "cool" and result.eagle.stats.method == "eagle"
     assert "COOL-SD" in caption
+
+
+def test_timing_is_measured_in_the_request_with_its_spread(generated):
+    result = generated[5]
+    table, timed = app.on_timing(result)
+    timing = timed.timing
+    assert timing.repeats == explorer.TIMING_REPEATS and set(timing.seconds) == {"ar", "eagle", "method"}
+    assert all(len(values) == timing.repeats for values in timing.seconds.values())
+    median, low, high = timing.speedup("method")
+    assert low <= high and median > 0
+    assert f"{timing.repeats} interleaved repeats" in table and "torch thread" in table
+    assert f"{median:.2f}x** ({low:.2f}–{high:.2f})" in table
+    assert "measuring" not in table
+
+
+def test_speedup_compares_runs_of_the_same_repeat():
+    """Median AR / median run, and the range of the per-repeat ratios (synthetic latencies)."""
+    timing = explorer.Timing({"ar": [0.10, 0.20, 0.12], "eagle": [0.05, 0.10, 0.10], "method": [0.04, 0.05, 0.06]},
+                             threads=1)
+    assert timing.speedup("method") == pytest.approx((0.12 / 0.05, 2.0, 4.0))
+    assert timing.speedup("eagle") == pytest.approx((0.12 / 0.10, 1.2, 2.0))
+    assert timing.latency("ar") == (0.12, 0.10, 0.20)
+
+
+def test_timing_runs_interleave_in_rotating_order(monkeypatch):
+    """Every repeat times AR, Eagle-1 and the method back to back, each going first in turn, on the same
+    class, seed and sampling as the images."""
+    calls = []
+
+    def fake_generate(bundle, class_id, method, params, draft, sampling, seed, capture=False):
+        calls.append((method, class_id, seed, draft))
+        return explorer.Generation([], type("Stats", (), {"seconds": {"total": 0.1}})())
+
+    monkeypatch.setattr(explorer, "generate", fake_generate)
+    request = explorer.parse_request(app.BUNDLE, *controls(seed=9))
+    timing = explorer.measure_speed(app.BUNDLE, request, repeats=3)
+    assert [c[0] for c in calls] == ["ar", "eagle", "cool", "eagle", "cool", "ar", "cool", "ar", "eagle"]
+    assert {c[1:] for c in calls} == {(request.class_id, 9, "chain:5")}
+    assert timing.repeats == 3
+    calls.clear()
+    explorer.measure_speed(app.BUNDLE, explorer.parse_request(app.BUNDLE, *controls(method="Eagle-1 (lossless)")), 2)
+    assert [c[0] for c in calls] == ["ar", "eagle", "eagle", "ar"]  # the method is Eagle-1: not timed twice
 
 
 @pytest.mark.parametrize("overrides, needle", [
@@ -101,18 +146,54 @@ def test_theory_follows_the_sliders(generated):
     assert "AR drafts nothing" in skipped[1]
 
 
-def test_controls_shown_per_method_and_mu_auto_value():
-    updates = app.on_method("LANTERN++")
-    assert [u["visible"] for u in updates] == [False, False, False, False, True, True, True, False]
-    updates = app.on_method("COOL-SD")
-    assert [u["visible"] for u in updates] == [True, True, True, True, False, False, True, True]
-    assert [u["visible"] for u in app.on_method("UniformRSD")] == [True] + [False] * 5 + [True, False]
-    assert not app.on_method("AR (no drafting)")[6]["visible"]
-    shown = app.on_mu(True, 0.7, "chain:5", "exp", 0.0)
-    assert shown["interactive"] is False
-    assert math.isclose(shown["value"], round(resolve_mu(0.7, "auto", 5), 4))
-    assert app.on_mu(False, 0.7, "chain:5", "exp", 0.3)["interactive"] is True
-    assert "omega: " in explorer.omega_line("COOL-SD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
+def test_controls_shown_per_method():
+    def visible(method):
+        return [u["visible"] for u in app.on_method(method)]  # delta, COOL-SD box, LANTERN++ box, draft
+
+    assert visible("COOL-SD") == [True, True, False, True]
+    assert visible("UniformRSD") == [True, False, False, True]
+    assert visible("LANTERN++") == visible("LANTERN++ with G*") == [False, False, True, True]
+    assert visible("Eagle-1 (lossless)") == [False, False, False, True]
+    assert visible("AR (no drafting)") == [False, False, False, False]
+
+
+@pytest.mark.parametrize("schedule", ["exp", "linear"])
+def test_mu_auto_never_pushes_the_slider_out_of_range(schedule):
+    """Under "auto", mu can leave the slider's range (chain:8, nu=-1 gives 6.38); the slider is then hidden and
+    the value is shown as text, and unticking auto starts the slider inside its range."""
+    param = PARAMS["mu"]
+    for draft in explorer.DRAFTS:
+        for nu in np.round(np.arange(PARAMS["nu"].low, PARAMS["nu"].high + 1e-9, 0.05), 2):
+            hidden = app.on_mu_auto(True, nu, draft, schedule)
+            assert hidden["visible"] is False and "value" not in hidden
+            shown = app.on_mu_auto(False, nu, draft, schedule)
+            assert shown["visible"] is True and param.low <= shown["value"] <= param.high
+
+
+@pytest.mark.parametrize("draft, nu, schedule", [("chain:8", -1.0, "exp"), ("chain:7", -0.95, "exp"),
+                                                 ("chain:5", 2.0, "linear"), ("chain:8", -1.0, "linear")])
+def test_every_setting_the_controls_allow_gives_a_result_or_one_readable_message(draft, nu, schedule):
+    """The settings that used to jam the page: each gives an image or a readable refusal, and the next legal
+    setting works at once."""
+    values = controls(draft=draft, nu=nu, schedule=schedule)
+    line = explorer.omega_line(*[values[i] for i in (0, 1, 2, 3, 4, 7, 14)])
+    try:
+        outputs = app.on_generate(*values, progress=no_progress)
+    except gr.Error as error:
+        assert "too steep" in error.message and f"nu={nu:g}" in error.message
+        assert error.message in line  # the same reason is shown under the sliders
+        assert "Traceback" not in error.message
+    else:
+        assert outputs[5].method.stats.tokens == app.BUNDLE.config.image_tokens
+        assert f"μ = {resolve_mu(nu, 'auto', explorer.parse_draft(draft).depth, schedule):.4g} (auto" in line
+    assert app.on_generate(*controls(), progress=no_progress)[5] is not None
+
+
+def test_mu_line_shows_the_auto_value():
+    assert "omega" not in explorer.omega_line("UniformRSD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
+    line = explorer.omega_line("COOL-SD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
+    assert f"μ = {resolve_mu(0.7, 'auto', 5):.4g} (auto" in line and "ω_1..ω_5" in line
+    assert "μ = 0.3;" in explorer.omega_line("COOL-SD", 2.0, 0.7, False, 0.3, "chain:5", "exp")
 
 
 def test_replay_every_round(generated):
@@ -120,7 +201,15 @@ def test_replay_every_round(generated):
     for index in range(len(result.method.stats.rounds)):
         assert isinstance(app.on_replay(result, index), Figure)
     frames = list(app.on_play(result))
-    assert len(frames) == len(result.method.stats.rounds)
+    assert frames == list(range(len(result.method.stats.rounds)))  # the slider's change event draws each
+
+
+def test_theory_is_cleared_for_ar(generated):
+    """Switching to AR must not leave the previous method's plot above "AR drafts nothing"."""
+    figure, text = app.on_theory(generated[5], *controls(method="AR (no drafting)"), "last generation", 0)
+    assert figure is None and "AR drafts nothing" in text
+    figure, text = app.on_theory(generated[5], *controls(schedule="linear"), "last generation", 0)
+    assert figure is None and "too steep" in text  # shown in the panel, not as a toast per slider move
 
 
 def test_api_payload_is_deterministic():
@@ -130,8 +219,56 @@ def test_api_payload_is_deterministic():
     assert first["method"]["stats"]["params"] == {"delta": 1.5}
     assert first["eagle"]["stats"]["method"] == "eagle"
     assert len(first["method"]["png_base64"]) > 20
+    assert first["timing"] is None
+    timed = app.api_generate(method="UniformRSD", delta=1.5, seed=4, timing_repeats=2)
+    assert timed["timing"]["repeats"] == 2 and len(timed["timing"]["seconds"]["ar"]) == 2
     with pytest.raises(gr.Error):
         app.api_generate(method="COOL-SD", delta=-2)
+
+
+def test_api_lists_only_generate_and_describes_its_answer():
+    info = app.demo.get_api_info()
+    assert list(info["named_endpoints"]) == ["/generate"] and not info.get("unnamed_endpoints")
+    returns = info["named_endpoints"]["/generate"]["returns"][0]["type"]
+    assert set(returns["properties"]) == {"method", "eagle", "timing"}
+    assert set(returns["properties"]["method"]["properties"]) == {"tokens", "pixels", "png_base64", "stats"}
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    ({"method": ["COOL-SD"]}, "method must be one of"),
+    ({"class_name": "x" * 1_000_000}, "class must be one of"),
+    ({"seed": float("nan")}, "seed must be a finite number"),
+    ({"draft": {"chain": 5}}, "draft structure must be one of"),
+    ({"mu": [1]}, "mu must be a number"),
+    ({"schedule": None}, "schedule must be one of"),
+])
+def test_odd_api_values_are_readable_errors_logged_in_one_line(overrides, needle, caplog):
+    with caplog.at_level(logging.INFO, logger="coolsd.app"):
+        with pytest.raises(gr.Error) as error:
+            app.api_generate(**overrides)
+    assert needle in error.value.message and len(error.value.message) < 400
+    rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(rejected) == 1 and "\n" not in rejected[0] and len(rejected[0]) < 400
+
+
+def test_ui_and_api_ranges_are_the_one_definition():
+    """Every slider's range is coolsd.params's; the API refuses just outside it and accepts its ends."""
+    sliders = {"delta": app.delta, "nu": app.nu, "mu": app.mu, "k": app.k, "lambda": app.lam,
+               "cfg_scale": app.cfg, "temperature": app.temperature, "top_p": app.top_p}
+    names = {"lambda": "lam", "cfg_scale": "cfg"}
+    for name, component in sliders.items():
+        param = PARAMS[name]
+        assert (component.minimum, component.maximum, component.step) == (param.low, param.high, param.step)
+        method = "LANTERN++" if name in ("k", "lambda") else "COOL-SD"
+        extra = {"mu_auto": False} if name == "mu" else {}
+        for value in (param.low, param.high):
+            explorer.parse_request(app.BUNDLE, *controls(method=method, **{names.get(name, name): value}, **extra))
+        for value in (param.low - param.step, param.high + param.step):
+            with pytest.raises(ValueError, match=f"{name} must be between"):
+                explorer.parse_request(app.BUNDLE, *controls(method=method, **{names.get(name, name): value},
+                                                               **extra))
+    assert (app.top_k.minimum, app.top_k.maximum) == (0, app.BUNDLE.config.vocab_size)
+    assert (app.seed.minimum, app.seed.maximum) == (PARAMS["seed"].low, PARAMS["seed"].high)
 
 
 def test_tradeoff_stars_only_the_measured_setting():

@@ -2,12 +2,20 @@
 
 import json
 import math
+import tracemalloc
 
 import numpy as np
+import pytest
+import torch
 from PIL import Image
 
 from coolsd import bench, generate
+from coolsd.bundle import random_bundle
 from coolsd.methods import parse_method
+from coolsd.params import check
+from coolsd.trees import parse_draft
+
+TINY = ["--random-init", "tiny"]
 
 
 def test_generate_writes_image_and_stats(tmp_path):
@@ -78,3 +86,189 @@ def test_parse_method():
     assert parse_method("lantern:k=10,lambda=5,residual=gstar") == ("lantern", {"k": 10, "lambda": 5,
                                                                                 "residual": "gstar"})
     assert parse_method("cool:delta=2,mu=auto") == ("cool", {"delta": 2, "mu": "auto"})
+
+
+def one_line_error(capsys) -> str:
+    """The command's stderr, which must be exactly one ``error: ...`` line (never a traceback)."""
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_draft_deeper_than_the_model_can_use_is_refused_before_it_is_built(capsys):
+    # a tiny image has 16 tokens: the prefill gives the first, and a round ends with one of the target's
+    assert generate.main(["--method", "eagle", "--draft", "chain:15", *TINY]) == 2
+    assert "at most 14 drafted positions" in one_line_error(capsys)
+    assert generate.main(["--method", "eagle", "--draft", "chain:14", *TINY]) == 0
+    capsys.readouterr()
+    assert bench.main(["--methods", "eagle", "--draft", "chain:20000", "--images", "1", *TINY, "--no-progress"]) == 2
+    assert "at most 14 drafted positions" in one_line_error(capsys)
+    with pytest.raises(ValueError, match="deeper than this model can use"):
+        parse_draft("tree:eagle25", max_depth=4)
+    assert parse_draft("tree:eagle25", max_depth=5).depth == 5
+    tracemalloc.start()
+    for spec in ("chain:5000", "chain:" + "9" * 30, "chain:" + "9" * 5000):  # no model bound: an absolute one
+        with pytest.raises(ValueError, match="draft"):
+            parse_draft(spec)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1_000_000  # nothing was built
+
+
+def no_model(*args, **kwargs):
+    raise AssertionError("the model was loaded before the options were checked")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--out", "{tmp}/missing/a.png"], ["--out", "{tmp}"], ["--out", "{tmp}/a.xyz"], ["--stats", "{tmp}/missing/s.json"],
+    ["--stats", "{tmp}"], ["--scale", "0"], ["--scale", "x"], ["--threads", "-1"], ["--threads", "0"],
+    ["--device", "cuda"], ["--device", "cuda:0"], ["--device", "foo"], ["--device", "meta"], ["--method", "nope"],
+])
+def test_generate_checks_every_option_before_any_work(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(generate, "load_model", no_model)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert generate.main([a.format(tmp=tmp_path) for a in argv] + TINY) == 2
+    one_line_error(capsys)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--out", "{tmp}/missing/r.json"], ["--out", "{tmp}"], ["--images", "0"], ["--warmup", "-1"], ["--repeats", "0"],
+    ["--threads", "-1"], ["--device", "foo"], ["--methods", "eagle", "eagle"], ["--methods", "cool:schedule=x"],
+])
+def test_bench_checks_every_option_before_any_work(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "load_model", no_model)
+    assert bench.main([a.format(tmp=tmp_path) for a in argv] + TINY + ["--no-progress"]) == 2
+    one_line_error(capsys)
+
+
+def test_cuda_on_a_machine_without_it_is_a_one_line_error(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert generate.main(["--device", "cuda", *TINY]) == 2
+    assert "use --device cpu" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("argv, name, value", [
+    (["--delta", "6"], "delta", "6"), (["--nu", "3"], "nu", "3"), (["--mu", "9"], "mu", "9"),
+    (["--method", "lantern", "--k", "51"], "k", "51"), (["--method", "lantern", "--lambda", "11"], "lambda", "11"),
+    (["--cfg", "11"], "cfg_scale", "11"), (["--temperature", "50"], "temperature", "50"),
+    (["--top-p", "0"], "top_p", "0"), (["--seed", "-1"], "seed", "-1"), (["--seed", "2.5"], "seed", "2.5"),
+    (["--delta", "nan"], "delta", "nan"),
+])
+def test_generate_numbers_use_the_app_ranges(argv, name, value, capsys):
+    assert generate.main(argv + TINY) == 2
+    with pytest.raises(ValueError) as expected:
+        check(name, value)
+    assert str(expected.value) in one_line_error(capsys)
+
+
+def test_top_k_is_bounded_by_the_vocabulary_and_mu_is_auto_or_a_number(capsys):
+    assert generate.main(["--top-k", "17", *TINY]) == 2  # the tiny model has 16 codes
+    assert one_line_error(capsys) == "error: top_k must be between 0 and 16, got '17'"
+    assert generate.main(["--top-k", "16", "--mu", "-0.5", *TINY]) == 0
+    capsys.readouterr()
+    assert generate.main(["--mu", "often", *TINY]) == 2
+    assert one_line_error(capsys) == "error: mu must be a number, got 'often'; or auto"
+
+
+@pytest.mark.parametrize("spec, name, value", [
+    ("cool:delta=9", "delta", 9), ("cool:delta=2,nu=-2", "nu", -2), ("lantern:k=60", "k", 60),
+    ("lantern:k=2.5", "k", 2.5), ("uniform:delta=inf", "delta", float("inf")),
+])
+def test_bench_method_specs_use_the_app_ranges(spec, name, value, capsys):
+    assert bench.main(["--methods", spec, "--images", "1", *TINY, "--no-progress"]) == 2
+    with pytest.raises(ValueError) as expected:
+        check(name, value)
+    assert str(expected.value) in one_line_error(capsys)
+
+
+def test_bench_sampling_options_use_the_app_ranges(capsys):
+    assert bench.main(["--methods", "eagle", "--cfg", "11", "--images", "1", *TINY, "--no-progress"]) == 2
+    assert one_line_error(capsys) == "error: cfg_scale must be between 0 and 10, got '11'"
+
+
+def test_threads_are_chosen_deliberately(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COOLSD_THREADS", raising=False)
+    torch.set_num_threads(2)  # torch's default on a 2-core machine
+    try:
+        assert generate.main(TINY) == 0
+        assert torch.get_num_threads() == 1  # no --threads, no COOLSD_THREADS: one thread
+        out = tmp_path / "r.json"
+        assert bench.main(["--methods", "eagle", "--images", "1", "--warmup", "0", *TINY, "--no-progress",
+                           "--out", str(out)]) == 0
+        assert "1 torch thread," in capsys.readouterr().out
+        assert json.loads(out.read_text())["threads"] == 1
+        monkeypatch.setenv("COOLSD_THREADS", "lots")
+        assert generate.main(TINY) == 2
+        assert "COOLSD_THREADS" in one_line_error(capsys)
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_bench_repeats_and_speedup_spread(tmp_path, capsys, monkeypatch):
+    calls = []
+    real_generate = bench.generate
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "generate", counted)
+    out = tmp_path / "r.json"
+    assert bench.main(["--methods", "eagle", "cool:delta=2", "--images", "4", "--repeats", "3", "--warmup", "1",
+                       *TINY, "--no-progress", "--out", str(out)]) == 0
+    assert len(calls) == 3 * 1 + 3 * 4 * 3  # warm-up, then 3 methods x 4 images x 3 repeats
+    assert calls[3:9] == ["ar", "eagle", "cool"] * 2  # repeats interleaved across methods
+    result = json.loads(out.read_text())
+    assert result["repeats"] == 3 and result["warnings"] == []
+    ar = result["runs"][0]
+    assert ar["speedup_vs_ar"] == 1.0 and ar["speedup_vs_ar_iqr"] == [1.0, 1.0]
+    for run in result["runs"]:
+        low, high = run["latency_iqr_s"]
+        assert 0 < low <= run["latency_median_s"] <= high
+        assert 0 < run["speedup_vs_ar_iqr"][0] <= run["speedup_vs_ar_iqr"][1]
+    table = capsys.readouterr().out
+    assert "speed-up IQR" in table and "latency IQR ms" in table and "3 timing(s) each" in table
+
+
+def test_bench_refuses_repeats_that_differ(capsys, monkeypatch):
+    real_generate = bench.generate
+    count = iter(range(10**6))
+
+    def drifting(*args, **kwargs):
+        result = real_generate(*args, **kwargs)
+        result.tokens[0] += next(count)  # as if decoding were not deterministic
+        return result
+
+    monkeypatch.setattr(bench, "generate", drifting)
+    assert bench.main(["--methods", "eagle", "--images", "1", "--repeats", "2", "--warmup", "0", *TINY,
+                       "--no-progress"]) == 1
+    assert "not deterministic" in one_line_error(capsys)
+
+
+class FakeJudge:
+    num_features = 128
+
+
+def test_small_samples_warn(tmp_path, capsys, monkeypatch):
+    assert bench.sample_warnings(200, 128) == [] and bench.sample_warnings(2, None) == []
+    assert len(bench.sample_warnings(150, 128)) == 1 and "200" in bench.sample_warnings(150, 128)[0]
+    import coolsd.judge
+
+    def with_judge(args):
+        bundle = random_bundle("tiny")
+        bundle.judge = FakeJudge()
+        return bundle
+
+    monkeypatch.setattr(bench, "load_model", with_judge)
+    monkeypatch.setattr(coolsd.judge, "judge_metrics",
+                        lambda bundle, images, classes: {"judge_accuracy": 1.0, "fid_images": len(images), "fid": 515.0})
+    out = tmp_path / "r.json"
+    assert bench.main(["--methods", "eagle", "--images", "2", "--warmup", "0", *TINY, "--no-progress",
+                       "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    warnings = json.loads(out.read_text())["warnings"]
+    assert len(warnings) == 2
+    assert "fid on 2 images is meaningless" in warnings[0] and "128" in warnings[0] and "--images 200" in warnings[0]
+    assert "judge_accuracy on 2 images" in warnings[1] and "35 percentage points" in warnings[1]
+    assert all(f"warning: {w}" in captured.err for w in warnings)
+    assert "515.00" in captured.out

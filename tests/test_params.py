@@ -1,0 +1,93 @@
+"""The one definition of parameter ranges, its messages, the linear schedule's diagnosis, and thread choice."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from coolsd.bundle import set_threads
+from coolsd.params import PARAMS, check, shorten
+from coolsd.rules import omega_schedule
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_range_is_documented_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    for name, param in PARAMS.items():
+        if name == "top_k":  # its upper end is the model's vocabulary
+            assert "| `top_k` | 0 (off) to the vocabulary size |" in readme
+            continue
+        high = f"{param.high:g}" if param.high < 1e6 else f"{int(param.high)}"
+        assert re.search(rf"\| `{name}` \| {param.low:g} to {high}\b", readme), name
+
+
+def test_check_names_the_parameter_the_shortened_value_and_the_range():
+    assert check("delta", "2.5") == 2.5 and check("k", 3.0) == 3 and isinstance(check("k", 3.0), int)
+    with pytest.raises(ValueError, match=r"^delta must be between 0.05 and 5, got 5.5$"):
+        check("delta", 5.5)
+    with pytest.raises(ValueError, match="k must be a whole number"):
+        check("k", 2.5)
+    with pytest.raises(ValueError, match="must be a finite number"):
+        check("nu", float("inf"))
+    for bad in (True, [1], {"a": 1}, None, ""):
+        with pytest.raises(ValueError, match="delta"):
+            check("delta", bad)
+    with pytest.raises(ValueError) as error:
+        check("delta", "9" * 1_000_000)
+    assert len(str(error.value)) < 120 and "(1000002 chars)" in str(error.value)
+    assert len(shorten("x" * 10_000)) <= 40
+    with pytest.raises(ValueError, match="top_k must be between 0 and 512"):
+        check("top_k", 513, high=512)
+
+
+def linear_omegas(delta: float, nu: float, mu: float, depth: int) -> list[float]:
+    """The spec's linear schedule written out: omega_d = delta (1 - nu d - mu), d = 1..depth."""
+    return [delta * (1 - nu * d - mu) for d in range(1, depth + 1)]
+
+
+@pytest.mark.parametrize("nu, mu, depth, position, blamed, direction", [
+    (-2.0, "auto", 8, 1, "nu", "raise"),   # auto mu = -nu (D+1)/2 = 9 makes omega_1 the non-positive one
+    (2.0, "auto", 5, 5, "nu", "lower"),
+    (0.7, "auto", 5, 5, "nu", "lower"),
+    (0.0, 1.0, 5, 1, "mu", "lower"),       # nu=0 cannot be at fault: mu alone zeroes every omega
+    (-0.5, 1.5, 4, 1, "mu", "lower"),
+    (0.3, 0.5, 5, 5, "nu", "lower"),
+])
+def test_linear_schedule_error_names_position_and_cause_and_the_way_out(nu, mu, depth, position, blamed, direction):
+    auto = mu == "auto"
+    mu_value = -nu * (depth + 1) / 2 if auto else mu
+    omegas = linear_omegas(2.0, nu, mu_value, depth)
+    assert omegas[position - 1] == min(omegas) <= 0
+    with pytest.raises(ValueError) as error:
+        omega_schedule(2.0, nu, mu, depth, "linear")
+    message = str(error.value)
+    assert f"omega_{position} = " in message and f"position {position} of {depth}" in message
+    assert message.startswith(f"{blamed}=")
+    bound = float(re.search(rf"{direction} {blamed} (?:below|above) (-?[\d.]+)", message).group(1))
+    # following the advice (just past the stated bound) gives a valid schedule; stopping short does not
+    step = 1e-3 if direction == "raise" else -1e-3
+    fixed = {"nu": nu, "mu": mu}
+    fixed[blamed] = bound + step
+    assert min(omega_schedule(2.0, fixed["nu"], fixed["mu"], depth, "linear")) > 0
+    fixed[blamed] = bound - 5 * step
+    with pytest.raises(ValueError):
+        omega_schedule(2.0, fixed["nu"], fixed["mu"], depth, "linear")
+
+
+def test_threads_default_to_one_and_follow_the_environment(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("COOLSD_THREADS", raising=False)
+        torch.set_num_threads(2)
+        assert set_threads() == 1 and torch.get_num_threads() == 1
+        monkeypatch.setenv("COOLSD_THREADS", "2")
+        assert set_threads() == 2 and torch.get_num_threads() == 2
+        assert set_threads(1) == 1  # an explicit choice wins
+        for bad in ("zero", "0", "-1"):
+            monkeypatch.setenv("COOLSD_THREADS", bad)
+            with pytest.raises(ValueError, match="COOLSD_THREADS|threads"):
+                set_threads()
+    finally:
+        torch.set_num_threads(before)
