@@ -10,28 +10,78 @@ from torch import nn
 
 from coolsd.bundle import Bundle
 from coolsd.model import Drafter, ModelConfig, Transformer
-from coolsd.sampling import SamplingConfig, probabilities
+from coolsd.sampling import SamplingConfig
 
 
-def peaky_bundle(cfg: ModelConfig, seed: int = 0, std: float = 0.5) -> Bundle:
-    """Random target and drafter with large weights, so p and q are far from uniform and from each other."""
+def peaky_bundle(cfg: ModelConfig, seed: int = 0, std: float = 0.5, drafter_std: float | None = None) -> Bundle:
+    """Random target and drafter with large weights, so p and q are far from uniform and from each other.
+    ``drafter_std`` (default ``std``) makes ``q`` flatter or peakier than ``p``."""
     torch.manual_seed(seed)
     target, drafter = Transformer(cfg).eval(), Drafter(cfg).eval()
     with torch.no_grad():
-        for module in (target, drafter):
+        for module, scale in ((target, std), (drafter, std if drafter_std is None else drafter_std)):
             for name, param in module.named_parameters():
                 if "norm" not in name:
-                    param.normal_(0, std)
+                    param.normal_(0, scale)
     codebook = nn.functional.normalize(torch.randn(cfg.vocab_size, 4), dim=-1)
     return Bundle(target, drafter, codebook, name="peaky")
 
 
+def l2_neighbours(codebook: torch.Tensor) -> np.ndarray:
+    """Every code's other codes ordered by L2 distance of the code vectors (nearest first, ties by index), by
+    brute force: LANTERN++'s neighbourhoods (spec section 3), independently of ``coolsd.rules.nearest_codes``."""
+    codes = codebook.double().numpy()
+    return np.array([sorted((z for z in range(len(codes)) if z != y),
+                            key=lambda z: (float(np.sum((codes[z] - codes[y]) ** 2)), z)) for y in range(len(codes))])
+
+
+def guidance_rows(sampling: SamplingConfig) -> int:
+    """Model rows a distribution needs: conditional, plus unconditional unless guidance is the identity."""
+    return 1 if sampling.cfg_scale == 1 else 2
+
+
+def reference_probabilities(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
+    """The spec's sampling transform (section 1), written independently of ``coolsd.sampling`` in float64.
+
+    ``logits`` is (rows, ..., V) with the conditional row first: guidance ``l_u + s (l_c - l_u)``, top-k, top-p
+    on the untempered filtered logits (smallest sorted prefix whose mass reaches ``top_p``; the first token is
+    always kept), then temperature and softmax.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if guidance_rows(sampling) == 1:
+        guided = logits[0]
+    else:
+        cond, uncond = logits[0], logits[1]
+        guided = uncond + sampling.cfg_scale * (cond - uncond)
+    vocab = guided.shape[-1]
+    if 0 < sampling.top_k < vocab:
+        kth = np.sort(guided, axis=-1)[..., vocab - sampling.top_k, None]
+        guided = np.where(guided >= kth, guided, -np.inf)
+    if sampling.top_p < 1:
+        order = np.argsort(-guided, axis=-1, kind="stable")
+        ranked = np.take_along_axis(guided, order, axis=-1)
+        mass = _softmax(ranked)
+        before = np.concatenate([np.zeros_like(mass[..., :1]), np.cumsum(mass, axis=-1)[..., :-1]], axis=-1)
+        kept_ranked = before < sampling.top_p  # the first token has 0 mass before it, so it is always kept
+        kept = np.empty_like(kept_ranked)
+        np.put_along_axis(kept, order, kept_ranked, axis=-1)
+        guided = np.where(kept, guided, -np.inf)
+    return _softmax(guided / sampling.temperature)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; ``-inf`` entries get exactly zero."""
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
 def exact_distribution(target: Transformer, class_id: int, sampling: SamplingConfig) -> dict[tuple, float]:
-    """P(x_1..x_N) of every token sequence, from uncached forwards over all prefixes (vanilla AR's law)."""
+    """P(x_1..x_N) of every token sequence, from uncached forwards over all prefixes (vanilla AR's law); the
+    sampling transform is the independent reference, so a fault in ``coolsd.sampling`` shows up here."""
     cfg = target.config
     n, vocab = cfg.image_tokens, cfg.vocab_size
     seqs = torch.tensor(list(itertools.product(range(vocab), repeat=n)))
-    rows = sampling.rows
+    rows = guidance_rows(sampling)
     labels = torch.tensor([class_id, cfg.null_class][:rows])
     with torch.no_grad():
         prefixes = seqs[::vocab]  # each distinct x_1..x_{N-1}
@@ -39,11 +89,11 @@ def exact_distribution(target: Transformer, class_id: int, sampling: SamplingCon
                                                    prefixes.repeat(rows, 1))], dim=0)
         hidden = target(inputs, torch.arange(n))
         logits = target.output(hidden).view(rows, len(prefixes), n, vocab)
-        probs = probabilities(logits, sampling).double()  # (prefixes, n, V)
+        probs = reference_probabilities(logits.numpy(), sampling)  # (prefixes, n, V)
     law = {}
     for i, seq in enumerate(seqs.tolist()):
         prefix = probs[i // vocab]
-        law[tuple(seq)] = float(np.prod([prefix[t, seq[t]].item() for t in range(n)]))
+        law[tuple(seq)] = float(np.prod([prefix[t, seq[t]] for t in range(n)]))
     return law
 
 
