@@ -305,7 +305,8 @@ CSS = """
 .pixelated img { image-rendering: pixelated; }
 .timings { overflow-x: auto; }
 .timings table { width: max-content; font-size: 0.9em; }
-.timings th, .timings td { white-space: nowrap; overflow-wrap: normal !important; word-break: keep-all !important; }
+.timings th, .timings td { white-space: nowrap; overflow-wrap: normal !important; word-break: keep-all !important;
+                           padding: 4px 8px !important; }
 """
 
 say("building the interface")

@@ -19,8 +19,8 @@ from PIL import Image
 
 from . import plots
 from .bundle import ASSETS, Bundle
-from .params import check, shorten
 from .decode import Generation, build_rule, generate
+from .params import check, shorten
 from .rules import omega_schedule, resolve_mu
 from .sampling import SamplingConfig
 from .theory import chain_theory, round_summary, step_rates, toy_chain

@@ -97,7 +97,8 @@ def check_device(device: str | None) -> None:
         raise ValueError(f"device must be cpu, cuda or cuda:N, got {shorten(device)}")
     if parsed.type == "cuda":
         if torch.version.cuda is None:
-            raise ValueError(f"device {device}: this torch ({torch.__version__}) is built without CUDA; use --device cpu")
+            raise ValueError(f"device {device}: this torch ({torch.__version__}) is built without CUDA; "
+                             "use --device cpu")
         if not torch.cuda.is_available():
             raise ValueError(f"device {device}: no CUDA GPU is visible to torch; use --device cpu")
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():

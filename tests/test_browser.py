@@ -81,6 +81,7 @@ def plot_source(page, elem_id: str) -> str | None:
 
 PLOT_IMAGES = "[...document.querySelectorAll(\"[data-testid='matplotlib'] img, .matplotlib img\")].map(e => e.src)"
 TOASTS = "[data-testid='toast-body']"
+NEW_REPLAY_FIGURE = "src => { const i = document.querySelector('#replay-plot img'); return i && i.src !== src; }"
 
 
 def open_page(browser, url: str, width: int = 1400, height: int = 1100):
@@ -202,12 +203,10 @@ def test_browser_replay_follows_the_keyboard_and_theory_clears_for_ar(server, br
     page.get_by_role("tab", name="Replay").click()
     first = plot_source(page, "replay-plot")
     set_number(page, "Round", 5)
-    page.wait_for_function("src => { const i = document.querySelector('#replay-plot img'); return i && i.src !== src; }",
-                           arg=first, timeout=20000)
+    page.wait_for_function(NEW_REPLAY_FIGURE, arg=first, timeout=20000)
     fifth = plot_source(page, "replay-plot")
     page.locator("#round-slider input[type='range']").press("ArrowRight")
-    page.wait_for_function("src => { const i = document.querySelector('#replay-plot img'); return i && i.src !== src; }",
-                           arg=fifth, timeout=20000)
+    page.wait_for_function(NEW_REPLAY_FIGURE, arg=fifth, timeout=20000)
     assert page.get_by_label("number input for Round").input_value() == "6"
 
     page.get_by_role("tab", name="Theory").click()
@@ -237,7 +236,8 @@ def test_browser_phone_width(server, browser, tmp_path):
     assert layout["scrolls"] and layout["fits"] and layout["nowrap"], layout
     assert table.locator("td").filter(has_text="COOL-SD").first.inner_text() == "COOL-SD"
     labels_over_plots = page.evaluate("""() => {
-        const labels = [...document.querySelectorAll("[data-testid='block-label']")].map(l => l.getBoundingClientRect());
+        const labels = [...document.querySelectorAll("[data-testid='block-label']")]
+            .map(l => l.getBoundingClientRect());
         const plots = [...document.querySelectorAll("[data-testid='matplotlib'] img, .matplotlib img")]
             .map(i => i.getBoundingClientRect()).filter(r => r.width > 0);
         const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
