@@ -38,7 +38,7 @@ import gradio as gr  # noqa: E402
 
 from coolsd import explorer  # noqa: E402
 from coolsd.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
-from coolsd.params import PARAMS, clip  # noqa: E402
+from coolsd.params import PARAMS, check, clip  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: the GPU is attached only inside functions wrapped by spaces.GPU
     import spaces
@@ -168,8 +168,8 @@ def run_comparison(request, progress):
     return explorer.compare(BUNDLE, request, progress)
 
 
-def measure(request):
-    return explorer.measure_speed(BUNDLE, request)
+def measure(request, repeats: int = explorer.TIMING_REPEATS):
+    return explorer.measure_speed(BUNDLE, request, repeats)
 
 
 if spaces is not None:
@@ -270,10 +270,10 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
     mu_auto = isinstance(mu, str) and mu.strip().lower() == "auto"
     request = parse(method, delta, nu, mu_auto, None if mu_auto else mu, k, lam, draft, class_name, seed,
                     cfg_scale, temperature, top_k, top_p, schedule)
-    repeats = checked(lambda: explorer.check_repeats(timing_repeats))
+    repeats = checked(lambda: check("timing_repeats", timing_repeats))
     result = checked(lambda: run_comparison(request, None))
     if repeats:
-        result.timing = checked(lambda: explorer.measure_speed(BUNDLE, request, repeats))
+        result.timing = checked(lambda: measure(request, repeats))  # on ZeroGPU too, like the UI's timing
     return explorer.api_payload(result)
 
 

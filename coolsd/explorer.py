@@ -313,9 +313,9 @@ def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -
         auto = flag("mu auto", mu_auto)
         depth = parse_draft(choice("draft structure", draft, DRAFTS)).depth
         schedule = choice("schedule", schedule, SCHEDULES)
-        nu = check("nu", nu)
-        mu_value = resolve_mu(nu, "auto" if auto else check("mu", mu), depth, schedule)
-        omegas = omega_schedule(check("delta", delta), nu, "auto" if auto else mu_value, depth, schedule)
+        nu, mu = check("nu", nu), "auto" if auto else check("mu", mu)
+        omegas = omega_schedule(check("delta", delta), nu, mu, depth, schedule)
+        mu_value = resolve_mu(nu, mu, depth, schedule)
     except ValueError as error:
         return f"⚠️ *{error}*"
     mu_text = f"μ = {mu_value:.4g} (auto: mean ω = δ)" if auto else f"μ = {mu_value:.4g}"
@@ -326,11 +326,6 @@ def auto_mu(nu, draft: str, schedule: str = "exp") -> float:
     """The value ``mu="auto"`` stands for at the current ``nu``, draft depth and schedule."""
     return resolve_mu(check("nu", nu), "auto", parse_draft(choice("draft structure", draft, DRAFTS)).depth,
                       choice("schedule", schedule, SCHEDULES))
-
-
-def check_repeats(repeats) -> int:
-    """The API's ``timing_repeats``: 0 (no timing) to 20."""
-    return check("timing_repeats", repeats)
 
 
 def theory_markdown(table: dict, note: str) -> str:
