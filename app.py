@@ -36,9 +36,9 @@ from typing import Any, TypedDict  # noqa: E402
 
 import gradio as gr  # noqa: E402
 
-from coolsd import explorer  # noqa: E402
-from coolsd.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
-from coolsd.params import PARAMS, check, clip  # noqa: E402
+from coolsd.app import session as explorer  # noqa: E402
+from coolsd.models.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
+from coolsd.core.params import PARAMS, check, clip  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: the GPU is attached only inside functions wrapped by spaces.GPU
     import spaces

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from coolsd.bundle import Bundle
-from coolsd.model import Drafter, ModelConfig, Transformer
-from coolsd.sampling import SamplingConfig
+from coolsd.models.bundle import Bundle
+from coolsd.models.gpt import Drafter, ModelConfig, Transformer
+from coolsd.core.sampling import SamplingConfig
 
 
 def peaky_bundle(cfg: ModelConfig, seed: int = 0, std: float = 0.5, drafter_std: float | None = None) -> Bundle:

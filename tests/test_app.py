@@ -9,9 +9,10 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import app
-from coolsd import explorer, plots
-from coolsd.params import PARAMS
-from coolsd.rules import resolve_mu
+from coolsd.app import plots
+from coolsd.app import session as explorer
+from coolsd.core.params import PARAMS
+from coolsd.core.rules import resolve_mu
 
 
 def no_progress(*args, **kwargs):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from coolsd.bundle import ASSETS, DEFAULT_MODEL, load_bundle
-from coolsd.decode import METHODS, generate
-from coolsd.judge import judge_metrics
+from coolsd.models.bundle import ASSETS, DEFAULT_MODEL, load_bundle
+from coolsd.core.decode import METHODS, generate
+from coolsd.toy.judge import judge_metrics
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from coolsd import bench, generate
-from coolsd.bundle import random_bundle
-from coolsd.methods import parse_method
-from coolsd.params import check
-from coolsd.trees import parse_draft
+from coolsd.cli import bench, generate
+from coolsd.models.bundle import random_bundle
+from coolsd.cli.methods import parse_method
+from coolsd.core.params import check
+from coolsd.core.trees import parse_draft
 
 TINY = ["--random-init", "tiny"]
 
@@ -252,7 +252,7 @@ class FakeJudge:
 def test_small_samples_warn(tmp_path, capsys, monkeypatch):
     assert bench.sample_warnings(200, 128) == [] and bench.sample_warnings(2, None) == []
     assert len(bench.sample_warnings(150, 128)) == 1 and "200" in bench.sample_warnings(150, 128)[0]
-    import coolsd.judge
+    import coolsd.toy.judge
 
     def with_judge(args):
         bundle = random_bundle("tiny")
@@ -260,7 +260,7 @@ def test_small_samples_warn(tmp_path, capsys, monkeypatch):
         return bundle
 
     monkeypatch.setattr(bench, "load_model", with_judge)
-    monkeypatch.setattr(coolsd.judge, "judge_metrics",
+    monkeypatch.setattr(coolsd.toy.judge, "judge_metrics",
                         lambda bundle, images, classes: {"judge_accuracy": 1.0, "fid_images": len(images), "fid": 515.0})
     out = tmp_path / "r.json"
     assert bench.main(["--methods", "eagle", "--images", "2", "--warmup", "0", *TINY, "--no-progress",

@@ -3,11 +3,11 @@ lossless settings are bit-identical to Eagle-1."""
 
 import pytest
 
-from coolsd.decode import EMPTY, decode, generate
-from coolsd.model import ModelConfig
-from coolsd.rules import Eagle
-from coolsd.sampling import SamplingConfig
-from coolsd.trees import DraftTree, chain
+from coolsd.core.decode import EMPTY, decode, generate
+from coolsd.models.gpt import ModelConfig
+from coolsd.core.rules import Eagle
+from coolsd.core.sampling import SamplingConfig
+from coolsd.core.trees import DraftTree, chain
 
 from helpers import chi_square_pvalue, exact_distribution, peaky_bundle
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from coolsd.bundle import load_bundle
-from coolsd.decode import generate
+from coolsd.models.bundle import load_bundle
+from coolsd.core.decode import generate
 
 RECORD = Path(__file__).resolve().parent / "data" / "fashion_tokens.json"
 METHODS = [("ar", {}), ("eagle", {}), ("uniform", {"delta": 2.0}), ("cool", {"delta": 2.0}),

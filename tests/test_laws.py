@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from coolsd.bundle import Bundle
-from coolsd.decode import build_rule, decode
-from coolsd.model import ModelConfig
-from coolsd.sampling import SamplingConfig, probabilities
-from coolsd.trees import DraftTree
+from coolsd.models.bundle import Bundle
+from coolsd.core.decode import build_rule, decode
+from coolsd.models.gpt import ModelConfig
+from coolsd.core.sampling import SamplingConfig, probabilities
+from coolsd.core.trees import DraftTree
 
 from helpers import chi_square_pvalue, guidance_rows, l2_neighbours, peaky_bundle, reference_probabilities
 

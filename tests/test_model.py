@@ -5,10 +5,10 @@ import random
 import pytest
 import torch
 
-from coolsd.decode import draft
-from coolsd.model import CONFIGS, Drafter, ModelConfig, Transformer, parameter_count
-from coolsd.sampling import SamplingConfig, probabilities
-from coolsd.trees import DraftTree, chain, parse_draft
+from coolsd.core.decode import draft
+from coolsd.models.gpt import CONFIGS, Drafter, ModelConfig, Transformer, parameter_count
+from coolsd.core.sampling import SamplingConfig, probabilities
+from coolsd.core.trees import DraftTree, chain, parse_draft
 
 from helpers import peaky_bundle
 
@@ -123,8 +123,8 @@ def test_small_config_is_about_ten_million_parameters():
 
 def test_bfloat16_models_decode():
     """The CUDA path runs the models in bf16; the same dtype handling is exercised here on the CPU."""
-    from coolsd.bundle import random_bundle
-    from coolsd.decode import generate
+    from coolsd.models.bundle import random_bundle
+    from coolsd.core.decode import generate
 
     bundle = random_bundle("tiny").to("cpu", torch.bfloat16)
     assert bundle.target.output.weight.dtype == torch.bfloat16

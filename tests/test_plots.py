@@ -11,9 +11,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from coolsd import explorer, plots
-from coolsd.bundle import random_bundle
-from coolsd.decode import generate
+from coolsd.app import plots
+from coolsd.app import session as explorer
+from coolsd.models.bundle import random_bundle
+from coolsd.core.decode import generate
 
 DRAFT = "chain:3"
 COOL = {"delta": 2.0, "nu": 0.7, "mu": "auto", "schedule": "exp"}

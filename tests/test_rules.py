@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from coolsd.decode import build_rule, verify
-from coolsd.rules import CoolSD, Eagle, Lantern, UniformRSD, nearest_codes, omega_schedule, resolve_mu
-from coolsd.theory import one_step
-from coolsd.trees import DraftTree, parse_draft
+from coolsd.core.decode import build_rule, verify
+from coolsd.core.rules import CoolSD, Eagle, Lantern, UniformRSD, nearest_codes, omega_schedule, resolve_mu
+from coolsd.core.theory import one_step
+from coolsd.core.trees import DraftTree, parse_draft
 
 from helpers import l2_neighbours
 

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from coolsd.decode import verify
-from coolsd.rules import CoolSD, Eagle, UniformRSD
-from coolsd.theory import chain_theory, solve_scale, toy_chain
-from coolsd.trees import chain
+from coolsd.core.decode import verify
+from coolsd.core.rules import CoolSD, Eagle, UniformRSD
+from coolsd.core.theory import chain_theory, solve_scale, toy_chain
+from coolsd.core.trees import chain
 
 
 def exact_round_law(p, q, rule):

@@ -18,13 +18,13 @@ import torch
 from PIL import Image
 
 from . import plots
-from .bundle import ASSETS, Bundle
-from .decode import Generation, build_rule, generate
-from .params import check, shorten
-from .rules import omega_schedule, resolve_mu
-from .sampling import SamplingConfig
-from .theory import chain_theory, round_summary, step_rates, toy_chain
-from .trees import TREES, parse_draft
+from ..models.bundle import ASSETS, Bundle
+from ..core.decode import Generation, build_rule, generate
+from ..core.params import check, shorten
+from ..core.rules import omega_schedule, resolve_mu
+from ..core.sampling import SamplingConfig
+from ..core.theory import chain_theory, round_summary, step_rates, toy_chain
+from ..core.trees import TREES, parse_draft
 
 # UI label -> (method, fixed parameters)
 METHODS: dict[str, tuple[str, dict]] = {

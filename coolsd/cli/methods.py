@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode import METHODS, build_rule
-from .params import PARAMS, check, shorten
+from ..core.decode import METHODS, build_rule
+from ..core.params import PARAMS, check, shorten
 
 NUMERIC = ("delta", "nu", "mu", "k", "lambda")  # the method parameters whose ranges live in coolsd.params
 

@@ -18,7 +18,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 from matplotlib.transforms import Bbox
 
-from .stats import BONUS, DRAFT, FIRST, RESAMPLED, TARGET, GenerationStats
+from ..core.stats import BONUS, DRAFT, FIRST, RESAMPLED, TARGET, GenerationStats
 
 METHOD_COLOR, EAGLE_COLOR, OMEGA_COLOR, ACCEPTED_COLOR = "#d95f02", "#1b9e77", "#7570b3", "#1b9e77"
 ORIGIN_STYLE = {FIRST: ("#9e9e9e", "1st"), TARGET: ("#9e9e9e", "AR"), RESAMPLED: ("#e7298a", "R"),

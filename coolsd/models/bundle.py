@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import Tensor, nn
 
-from .model import CONFIGS, Drafter, ModelConfig, Transformer
-from .rules import nearest_codes
-from .sampling import SamplingConfig
+from .gpt import CONFIGS, Drafter, ModelConfig, Transformer
+from ..core.rules import nearest_codes
+from ..core.sampling import SamplingConfig
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_MODEL = ASSETS / "fashion"
 
 
@@ -138,10 +138,10 @@ def load_bundle(path: str | Path | None = None, device: str | None = None, dtype
     codebook = load_file(path / "codebook.safetensors")["codebook"]
     tokenizer = judge = None
     if (path / "tokenizer.safetensors").exists():
-        from .vq import load_tokenizer
+        from ..toy.vq import load_tokenizer
         tokenizer = load_tokenizer(path)
     if (path / "judge.safetensors").exists():
-        from .judge import load_judge
+        from ..toy.judge import load_judge
         judge = load_judge(path)
     bundle = Bundle(target.eval(), drafter.eval() if drafter else None, codebook, name=meta.get("name", path.name),
                     class_names=meta.get("class_names", []), sampling=SamplingConfig(**meta.get("sampling", {})),

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .model import Drafter, KVCache, Transformer
+from ..models.gpt import Drafter, KVCache, Transformer
 from .rules import AcceptanceRule, CoolSD, Eagle, Lantern, UniformRSD, step_cost
 from .sampling import SamplingConfig, draw_without_replacement, probabilities, sample
 from .stats import BONUS, DRAFT, FIRST, RESAMPLED, TARGET, Candidate, GenerationStats, Round, Timer

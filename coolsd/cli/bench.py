@@ -1,0 +1,237 @@
+"""Benchmark: speed (and, with a judge, quality) of several methods on the same classes and seeds.
+
+    python -m coolsd.bench --methods ar eagle cool:delta=2 uniform:delta=2 \\
+        lantern:k=10,lambda=5,residual=gstar --images 20 --out results.json
+
+Batch 1; each method first generates ``--warmup`` untimed images; images are interleaved across methods so
+that all of them see the same machine conditions; AR is always measured in the same run. With ``--repeats R``
+each (image, method) pair is generated R times, interleaved across methods, and its latency is the median.
+Speed-ups come with their spread: the quartiles of the per-image ratio AR latency / method latency (same
+class and seed, measured moments apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..models.bundle import Bundle
+from ..core.decode import EMPTY, Generation, generate
+from .generate import (OneLineParser, add_model_arguments, check_model_args, check_output, load_model,
+                       sampling_from)
+from .methods import check_rule, method_label, parse_method
+from ..core.params import Param
+from ..core.sampling import SamplingConfig
+from ..core.trees import DraftTree, parse_draft, usable_depth
+
+IMAGES = Param("images", 1, 100_000, 20, 1, "images per method", integer=True)
+WARMUP = Param("warmup", 0, 100, 2, 1, "untimed images per method", integer=True)
+REPEATS = Param("repeats", 1, 100, 1, 1, "timings per image and method", integer=True)
+
+# Sample sizes below which a quality metric means little (see ``sample_warnings``).
+FID_MIN_IMAGES = 200  # the project's measurement: FID moves by about +-1 between two lossless runs of 200 images
+CONSISTENCY_MIN_IMAGES = 100  # binomial standard error <= 0.5 / sqrt(100) = 5 percentage points, whatever the rate
+
+
+class NotDeterministic(RuntimeError):
+    """Repeats of one (image, method) gave different tokens, so their timings are not of the same work."""
+
+
+def sample_warnings(images: int, judge_features: int | None) -> list[str]:
+    """Why this many images cannot support the quality metrics (none without a judge).
+
+    FID fits a Gaussian to the judge's ``judge_features``-d features: with no more images than dimensions the
+    covariance is singular and the number is meaningless (2 images gave 515 and 597); at 200 images it still
+    moves by about +-1 between two runs of the same lossless distribution (README), so fewer cannot rank
+    methods. Class consistency is a binomial proportion: its standard error is at most 0.5 / sqrt(n)."""
+    if judge_features is None:
+        return []
+    warnings = []
+    if images <= judge_features:
+        warnings.append(f"fid on {images} images is meaningless: the covariance of the judge's {judge_features}-d "
+                        f"features needs more than {judge_features} images; use --images {FID_MIN_IMAGES} or more")
+    elif images < FID_MIN_IMAGES:
+        warnings.append(f"fid on {images} images cannot rank methods: even at {FID_MIN_IMAGES} images it moves by "
+                        f"about +-1 between two runs of the same distribution; use --images {FID_MIN_IMAGES} or more")
+    if images < CONSISTENCY_MIN_IMAGES:
+        warnings.append(f"judge_accuracy on {images} images has a standard error of up to "
+                        f"{50 / math.sqrt(images):.0f} percentage points (binomial, 0.5/sqrt(n)); use --images "
+                        f"{CONSISTENCY_MIN_IMAGES} or more for at most 5")
+    return warnings
+
+
+def quartiles(values: list[float]) -> list[float]:
+    """[25th, 75th] percentile (linear interpolation)."""
+    return [float(np.percentile(values, 25)), float(np.percentile(values, 75))]
+
+
+def time_image(bundle: Bundle, methods: list[tuple[str, dict]], class_id: int, seed: int, draft: DraftTree,
+               sampling: SamplingConfig, repeats: int) -> list[tuple[Generation, float]]:
+    """One (class, seed) for every method, ``repeats`` times, interleaved across methods so that a change in
+    machine load hits all of them alike. Per method: the generation of median latency (median-low for an even
+    ``repeats``; its phase timings go in the summary) and the median latency. Decoding is deterministic for a
+    given seed, so every repeat must give the same tokens; if not, the repeats would time different work."""
+    gens: list[list[Generation]] = [[] for _ in methods]
+    for _ in range(repeats):
+        for runs, (name, params) in zip(gens, methods):
+            runs.append(generate(bundle, class_id, name, params, draft, sampling, seed=seed))
+    out = []
+    for runs, (name, params) in zip(gens, methods):
+        if any(g.tokens != runs[0].tokens for g in runs):
+            raise NotDeterministic(f"{method_label(name, params)} gave different tokens for class {class_id}, seed "
+                               f"{seed} across repeats: decoding is not deterministic, repeated timings are invalid")
+        by_time = sorted(runs, key=lambda g: g.stats.seconds["total"])
+        out.append((by_time[(len(by_time) - 1) // 2], statistics.median(g.stats.seconds["total"] for g in runs)))
+    return out
+
+
+def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | DraftTree", sampling: SamplingConfig,
+                  seed: int = 0, warmup: int = 2, progress: bool = True, keep_images: bool = False,
+                  repeats: int = 1) -> dict:
+    """Generate ``images`` images per method (image i: class i mod C, seed ``seed + i``) and summarise."""
+    methods = [parse_method(s) for s in specs]
+    if not any(name == "ar" for name, _ in methods):
+        methods.insert(0, ("ar", {}))
+    tree = parse_draft(draft, usable_depth(bundle.config.image_tokens))
+    classes = bundle.config.num_classes
+    for name, params in methods:  # fail fast on bad parameters, and warm up
+        for i in range(warmup):
+            generate(bundle, i % classes, name, params, tree, sampling, seed=10**9 + i)
+    gens: list[list[Generation]] = [[] for _ in methods]
+    latency: list[list[float]] = [[] for _ in methods]
+    bar = tqdm(total=images * len(methods) * repeats, desc="bench", disable=not progress, file=sys.stderr)
+    for i in range(images):
+        timed = time_image(bundle, methods, i % classes, seed + i, tree, sampling, repeats)
+        for m, (generation, seconds) in enumerate(timed):
+            gens[m].append(generation)
+            latency[m].append(seconds)
+        bar.update(len(methods) * repeats)
+    bar.close()
+    ar_latency = latency[[name for name, _ in methods].index("ar")]
+    runs = [summarise(name, params, gens[m], latency[m], ar_latency, tree.name, bundle, keep_images)
+            for m, (name, params) in enumerate(methods)]
+    judge_features = bundle.judge.num_features if bundle.judge is not None else None
+    return {"model": bundle.name, "device": str(bundle.device), "dtype": str(bundle.target.output.weight.dtype),
+            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+            "images": images, "repeats": repeats, "draft": tree.name, "sampling": sampling.to_dict(), "seed": seed,
+            "warnings": sample_warnings(images, judge_features), "runs": runs}
+
+
+def summarise(name: str, params: dict, gens: list[Generation], latency: list[float], ar_latency: list[float],
+              draft: str, bundle: Bundle, keep_images: bool) -> dict:
+    """One method's record. ``latency[i]`` and ``ar_latency[i]`` are image i's (median) latencies."""
+    stats = [g.stats for g in gens]
+    rounds = sum(s.target_forwards for s in stats)
+    phase = {k: sum(s.seconds[k] for s in stats) for k in ("drafting", "target_forward", "acceptance", "other")}
+    record = {
+        "method": name, "params": params, "label": method_label(name, params),
+        "draft": "none" if name == "ar" else draft,
+        "tau": float(np.mean([s.tau for s in stats])),
+        "target_forwards_per_image": float(np.mean([s.target_forwards for s in stats])),
+        "drafter_forwards_per_image": float(np.mean([s.drafter_forwards for s in stats])),
+        "latency_median_s": statistics.median(latency), "latency_mean_s": float(np.mean(latency)),
+        "latency_iqr_s": quartiles(latency),
+        "speedup_vs_ar": statistics.median(ar_latency) / statistics.median(latency),
+        # the spread of the paired per-image ratios (same class and seed, measured moments apart)
+        "speedup_vs_ar_iqr": quartiles([a / m for a, m in zip(ar_latency, latency)]),
+        "relaxation_cost_mean": float(np.mean([s.relaxation_cost for s in stats])),
+        "seconds_per_image": {k: v / len(stats) for k, v in phase.items()},
+        # the verification logic (sampling transform + acceptance walk) per round, relative to a target forward
+        "acceptance_vs_target_forward": phase["acceptance"] / phase["target_forward"],
+        "acceptance_ms_per_round": 1000 * phase["acceptance"] / rounds,
+        "target_forward_ms_per_round": 1000 * phase["target_forward"] / rounds,
+    }
+    if bundle.judge is not None:
+        from ..toy.judge import judge_metrics
+        record.update(judge_metrics(bundle, [bundle.image(g.tokens) for g in gens], [s.class_id for s in stats]))
+    if keep_images:
+        record["tokens"] = [g.tokens for g in gens]
+    return record
+
+
+def check_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Every option of ``bench``, before the model loads: the output file, the counts, the model options and
+    every method spec (each one's rule is built once); ``methods`` becomes the list of specs to run."""
+    check_output(args.out, "--out")
+    args.images = IMAGES.check(args.images)
+    args.warmup = WARMUP.check(args.warmup)
+    args.repeats = REPEATS.check(args.repeats)
+    check_model_args(args)
+    labels = []
+    for spec in args.methods:
+        name, params = parse_method(spec)
+        check_rule(name, params, (EMPTY if name == "ar" else args.tree).depth, args.info.config.vocab_size)
+        if method_label(name, params) in labels:
+            raise ValueError(f"method {method_label(name, params)} is listed twice")
+        labels.append(method_label(name, params))
+    return args
+
+
+def format_table(result: dict) -> str:
+    """A header line (model, device, threads, sample sizes) and one row per method."""
+    threads = result["threads"]
+    lines = [f"{result['model']} on {result['device']} ({result['dtype']}), {threads} torch thread"
+             f"{'s' if threads != 1 else ''}, {result['images']} images x {len(result['runs'])} methods, "
+             f"{result['repeats']} timing(s) each, draft {result['draft']}"]
+    header = ["label", "tau", "fwd/img", "latency ms", "latency IQR ms", "speed-up", "speed-up IQR",
+              "accept/fwd", "judge acc", "fid"]
+    rows = [header]
+    for run in result["runs"]:
+        low, high = run["latency_iqr_s"]
+        speed_low, speed_high = run["speedup_vs_ar_iqr"]
+        rows.append([run["label"][:40], f"{run['tau']:.3f}", f"{run['target_forwards_per_image']:.1f}",
+                     f"{1000 * run['latency_median_s']:.1f}", f"{1000 * low:.1f}-{1000 * high:.1f}",
+                     f"{run['speedup_vs_ar']:.2f}x", f"{speed_low:.2f}-{speed_high:.2f}x",
+                     f"{run['acceptance_vs_target_forward']:.3f}",
+                     f"{run['judge_accuracy']:.3f}" if "judge_accuracy" in run else "",
+                     f"{run['fid']:.2f}" if "fid" in run else ""])
+    shown = [c for c in range(len(header)) if any(row[c] for row in rows[1:])]  # no judge: no quality columns
+    widths = {c: max(len(row[c]) for row in rows) for c in shown}
+    lines += ["  ".join(row[c].rjust(widths[c]) for c in shown) for row in rows]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m coolsd.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", nargs="+", default=["ar", "eagle", "cool:delta=2"])
+    parser.add_argument("--images", default=str(IMAGES.default))
+    parser.add_argument("--warmup", default=str(WARMUP.default))
+    parser.add_argument("--repeats", default=str(REPEATS.default),
+                        help="timings per (image, method), interleaved across methods; the median counts")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file for the results")
+    parser.add_argument("--no-progress", action="store_true")
+    add_model_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = check_args(build_parser().parse_args(argv))
+        bundle = load_model(args)
+        result = run_benchmark(bundle, args.methods, args.images, args.tree, sampling_from(args.overrides, bundle),
+                               args.seed, args.warmup, not args.no_progress, repeats=args.repeats)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except NotDeterministic as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

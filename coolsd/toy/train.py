@@ -1,0 +1,315 @@
+"""Training of the shipped default model, stage by stage (fixed seeds, resumable checkpoints).
+
+    python -m coolsd.train judge        # CNN classifier, the quality judge
+    python -m coolsd.train tokenizer    # VQ autoencoder (needs the judge: its features are a perceptual loss)
+    python -m coolsd.train target       # class-conditional LlamaGen-style transformer on the VQ codes
+    python -m coolsd.train drafter      # Eagle-1 head on the target's features
+    python -m coolsd.train export       # write the bundle to assets/ (safetensors + JSON)
+
+Checkpoints go to ``--work`` (default ``runs/fashion``); an interrupted stage resumes from its last one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from ..models.bundle import DEFAULT_MODEL, Bundle, save_bundle
+from .data import CLASS_NAMES, load_split, to_unit
+from .judge import Judge, load_judge, predict, reference_statistics, save_judge
+from ..models.gpt import Drafter, ModelConfig, Transformer
+from ..core.sampling import SamplingConfig
+from .vq import VQConfig, VQModel, load_tokenizer, save_tokenizer
+
+# The shipped model's shapes: 8x8 codes of a 512-entry codebook; an 8-layer target; a one-layer drafter.
+TARGET_CONFIG = ModelConfig(vocab_size=512, dim=192, n_layer=8, n_head=6, num_classes=10, grid_height=8,
+                            grid_width=8)
+DEFAULT_SAMPLING = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=0, top_p=1.0)
+
+
+@dataclass
+class Schedule:
+    steps: int
+    batch: int
+    lr: float
+    warmup: int = 100
+    checkpoint_every: int = 500
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up, then cosine decay to 10%."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def batches(size: int, batch: int, seed: int) -> Iterator[Tensor]:
+    """Endless shuffled index batches, reproducible from ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(size, generator=generator)
+        for start in range(0, size - batch + 1, batch):
+            yield order[start:start + batch]
+
+
+def recent_mean(losses: list[float], window: int = 200) -> float:
+    """Mean of the last ``window`` losses (all of them in a shorter run)."""
+    tail = losses[-window:]
+    return sum(tail) / len(tail)
+
+
+def fit(name: str, model: nn.Module, loss_fn: Callable[[Tensor, int], Tensor], size: int, schedule: Schedule,
+        checkpoint: Path | None = None, seed: int = 0, progress: bool = True,
+        after_step: Callable[[int], None] | None = None) -> list[float]:
+    """AdamW over index batches of ``size`` items; resumes from and writes ``checkpoint``."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=schedule.lr,
+                                  betas=(0.9, 0.95), weight_decay=0.05)
+    step, losses = 0, []
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, losses = state["step"], state["losses"]
+    torch.manual_seed(seed + step)
+    stream = batches(size, schedule.batch, seed)
+    for _ in range(step):  # replay the data order so a resumed run sees the same batches
+        next(stream)
+    model.train()
+    bar = tqdm(total=schedule.steps, initial=step, desc=name, disable=not progress, dynamic_ncols=True)
+    while step < schedule.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = schedule.lr_at(step)
+        loss = loss_fn(next(stream), step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        step += 1
+        if after_step is not None:
+            after_step(step)
+        bar.update()
+        bar.set_postfix(loss=f"{recent_mean(losses, 50):.4f}")
+        if checkpoint is not None and (step % schedule.checkpoint_every == 0 or step == schedule.steps):
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                        "losses": losses}, checkpoint.with_suffix(".tmp"))
+            checkpoint.with_suffix(".tmp").replace(checkpoint)
+    bar.close()
+    model.eval()
+    return losses
+
+
+# --- stages -----------------------------------------------------------------------------------------------
+
+def train_judge(images: Tensor, labels: Tensor, schedule: Schedule, checkpoint: Path | None = None,
+                progress: bool = True) -> tuple[Judge, list[float]]:
+    torch.manual_seed(0)
+    judge = Judge()
+
+    def loss_fn(index: Tensor, step: int) -> Tensor:
+        return F.cross_entropy(judge(images[index]), labels[index])
+
+    return judge, fit("judge", judge, loss_fn, len(images), schedule, checkpoint, progress=progress)
+
+
+def accuracy(judge: Judge, images: Tensor, labels: Tensor) -> float:
+    return int((predict(judge, images) == labels).sum()) / len(images)
+
+
+def train_tokenizer(images: Tensor, judge: Judge, schedule: Schedule, cfg: VQConfig = VQConfig(),
+                    checkpoint: Path | None = None, progress: bool = True, perceptual: float = 0.1
+                    ) -> tuple[VQModel, list[float]]:
+    """Reconstruction (L1 + L2) + VQ loss + the judge's feature distance; unused codes are re-seeded from
+    encoder outputs every 100 steps so that the whole codebook is used."""
+    torch.manual_seed(0)
+    model = VQModel(cfg)
+    judge = judge.eval().requires_grad_(False)
+    unit = to_unit(images)
+    usage = torch.zeros(cfg.codebook_size)
+    last_z: list[Tensor] = []
+
+    def loss_fn(index: Tensor, step: int) -> Tensor:
+        x = unit[index]
+        z = model.encoder(x)
+        zq, codes, vq_loss = model.quantize(z)
+        recon = model.decoder(zq)
+        usage.index_add_(0, codes.flatten(), torch.ones(codes.numel()))
+        last_z[:] = [z.detach()]
+        crop = lambda t: t[:, :, 2:30, 2:30].clamp(-1, 1).add(1).div(2)  # noqa: E731
+        feature_loss = F.mse_loss(judge.features(crop(recon)), judge.features(crop(x)))
+        return F.l1_loss(recon, x) + F.mse_loss(recon, x) + vq_loss + perceptual * feature_loss
+
+    def reseed(step: int) -> None:
+        if step % 100 or step > schedule.steps * 0.8:
+            return
+        dead = (usage == 0).nonzero().flatten()
+        if len(dead):
+            z = F.normalize(last_z[0].permute(0, 2, 3, 1).reshape(-1, cfg.code_dim), dim=-1)
+            pick = torch.randint(len(z), (len(dead),))
+            with torch.no_grad():
+                model.quantize.embedding.weight[dead] = z[pick] * model.quantize.embedding.weight.norm(dim=-1).mean()
+        usage.zero_()
+
+    losses = fit("tokenizer", model, loss_fn, len(images), schedule, checkpoint, progress=progress,
+                 after_step=reseed)
+    return model, losses
+
+
+@torch.no_grad()
+def tokenize(model: VQModel, images: Tensor, batch: int = 1000) -> Tensor:
+    """uint8 images (N, 28, 28) -> codes (N, H*W) in raster order."""
+    return torch.cat([model.encode(to_unit(images[i:i + batch])).flatten(1).cpu()
+                      for i in range(0, len(images), batch)])
+
+
+def train_target(tokens: Tensor, labels: Tensor, cfg: ModelConfig, schedule: Schedule,
+                 checkpoint: Path | None = None, progress: bool = True) -> tuple[Transformer, list[float]]:
+    """Next-token cross-entropy; the class is replaced by the "no class" row with probability 0.1."""
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    positions = torch.arange(cfg.image_tokens)
+
+    def loss_fn(index: Tensor, step: int) -> Tensor:
+        seq, cls = tokens[index], labels[index].clone()
+        cls[torch.rand(len(cls)) < cfg.class_dropout] = cfg.null_class
+        logits = model.output(model(model.sequence_inputs(cls, seq), positions))
+        return F.cross_entropy(logits.flatten(0, 1), seq.flatten())
+
+    return model, fit("target", model, loss_fn, len(tokens), schedule, checkpoint, progress=progress)
+
+
+def train_drafter(target: Transformer, tokens: Tensor, labels: Tensor, schedule: Schedule,
+                  checkpoint: Path | None = None, progress: bool = True, unconditional: float = 0.1
+                  ) -> tuple[Drafter, list[float]]:
+    """Eagle-1 recipe (spec section 5): from (embed(x_{t+1}), h_t) predict h_{t+1}; SmoothL1 on the feature
+    plus 0.1 x soft cross-entropy against the target's next-token distribution; 10% unconditional rows."""
+    torch.manual_seed(0)
+    cfg = target.config
+    target = target.eval().requires_grad_(False)
+    drafter = Drafter(cfg)
+    positions = torch.arange(cfg.image_tokens)
+
+    def loss_fn(index: Tensor, step: int) -> Tensor:
+        seq, cls = tokens[index], labels[index].clone()
+        cls[torch.rand(len(cls)) < unconditional] = cfg.null_class
+        with torch.no_grad():
+            features = target(target.sequence_inputs(cls, seq), positions)  # h_0..h_{N-1}
+            target_probs = target.output(features[:, 1:]).softmax(-1)  # p(x_{t+2} | ...) for t = 0..N-2
+        predicted = drafter(target.tok_embeddings(seq[:, :-1]), features[:, :-1], positions[:-1])
+        feature_loss = F.smooth_l1_loss(predicted, features[:, 1:])
+        soft_ce = -(target_probs * F.log_softmax(target.output(predicted), -1)).sum(-1).mean()
+        return feature_loss + 0.1 * soft_ce
+
+    return drafter, fit("drafter", drafter, loss_fn, len(tokens), schedule, checkpoint, progress=progress)
+
+
+# --- command line -----------------------------------------------------------------------------------------
+
+SCHEDULES = {  # sized for two CPU cores (see assets/fashion/README.md for the measured times)
+    "judge": Schedule(steps=2000, batch=128, lr=1e-3, checkpoint_every=500),
+    "tokenizer": Schedule(steps=3000, batch=64, lr=1e-3, checkpoint_every=250),
+    "target": Schedule(steps=4000, batch=64, lr=1e-3, warmup=200, checkpoint_every=250),
+    "drafter": Schedule(steps=3000, batch=64, lr=1e-3, warmup=200, checkpoint_every=250),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m coolsd.train", description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=[*SCHEDULES, "export"])
+    parser.add_argument("--work", type=Path, default=Path("runs/fashion"), help="checkpoints and stage outputs")
+    parser.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="bundle directory written by export")
+    parser.add_argument("--steps", type=int, default=None, help="override the stage's step count")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    schedule = SCHEDULES.get(args.stage)
+    if schedule is not None and args.steps:
+        schedule = Schedule(**{**asdict(schedule), "steps": args.steps})
+    started = time.time()
+    try:
+        train_images, train_labels = load_split("train")
+        test_images, test_labels = load_split("test")
+    except FileNotFoundError as error:
+        print(f"error: {error}")
+        return 2
+    log = read_log(work)
+
+    if args.stage == "judge":
+        judge, losses = train_judge(train_images, train_labels, schedule, work / "judge.ckpt")
+        acc = accuracy(judge, test_images, test_labels)
+        save_judge(judge, reference_statistics(judge, test_images), work)
+        log["judge"] = {"test_accuracy": acc, "steps": schedule.steps}
+        print(f"judge test accuracy {acc:.4f}")
+    elif args.stage == "tokenizer":
+        judge = load_judge(work)
+        model, losses = train_tokenizer(train_images, judge, schedule, checkpoint=work / "tokenizer.ckpt")
+        save_tokenizer(model, work)
+        recon = torch.from_numpy(model.decode_to_uint8(tokenize(model, test_images).view(-1, 8, 8)))
+        acc_orig, acc_recon = accuracy(judge, test_images, test_labels), accuracy(judge, recon, test_labels)
+        train_tokens = tokenize(model, train_images)
+        used = int(train_tokens[:10000].unique().numel())
+        log["tokenizer"] = {"judge_accuracy_original": acc_orig, "judge_accuracy_reconstruction": acc_recon,
+                            "ratio": acc_recon / acc_orig, "codes_used_10k_train": used, "steps": schedule.steps}
+        print(f"judge accuracy: originals {acc_orig:.4f}, reconstructions {acc_recon:.4f} "
+              f"({acc_recon / acc_orig:.1%}); codes used: {used}/{model.config.codebook_size}")
+        torch.save(train_tokens, work / "train_tokens.pt")
+    elif args.stage == "target":
+        tokens = torch.load(work / "train_tokens.pt", weights_only=True)
+        model, losses = train_target(tokens, train_labels, TARGET_CONFIG, schedule, work / "target.ckpt")
+        torch.save(model.state_dict(), work / "target.pt")
+        log["target"] = {"final_loss": recent_mean(losses), "steps": schedule.steps}
+    elif args.stage == "drafter":
+        tokens = torch.load(work / "train_tokens.pt", weights_only=True)
+        drafter, losses = train_drafter(trained(Transformer, work / "target.pt"), tokens, train_labels, schedule,
+                                        work / "drafter.ckpt")
+        torch.save(drafter.state_dict(), work / "drafter.pt")
+        log["drafter"] = {"final_loss": recent_mean(losses), "steps": schedule.steps}
+    else:
+        export(work, args.out)
+        print(f"bundle written to {args.out}")
+        return 0
+    log.setdefault("seconds", {})[args.stage] = time.time() - started
+    (work / "log.json").write_text(json.dumps(log, indent=2) + "\n")
+    return 0
+
+
+def read_log(work: Path) -> dict:
+    """What the finished stages recorded (accuracies, losses, wall times)."""
+    return json.loads((work / "log.json").read_text()) if (work / "log.json").exists() else {}
+
+
+def trained(model_class: type[Transformer] | type[Drafter], path: Path) -> nn.Module:
+    """A target or drafter of the shipped shape with a finished stage's weights."""
+    model = model_class(TARGET_CONFIG)
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model.eval()
+
+
+def export(work: Path, out: Path) -> Bundle:
+    """Assemble the trained stages into a bundle directory (weights as safetensors)."""
+    tokenizer, judge = load_tokenizer(work), load_judge(work)
+    bundle = Bundle(trained(Transformer, work / "target.pt"), trained(Drafter, work / "drafter.pt"),
+                    tokenizer.quantize.codebook.detach().clone(), name="fashion", class_names=CLASS_NAMES,
+                    sampling=DEFAULT_SAMPLING, tokenizer=tokenizer, judge=judge)
+    save_bundle(bundle, out, extra={"training": read_log(work)})
+    save_tokenizer(tokenizer, out)
+    save_judge(judge, judge.reference, out)
+    return bundle
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
