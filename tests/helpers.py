@@ -8,9 +8,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from coolsd.models.bundle import Bundle
-from coolsd.models.gpt import Drafter, ModelConfig, Transformer
+from coolsd.core.decode import Generation, generate
+from coolsd.core.rules import build_rule
 from coolsd.core.sampling import SamplingConfig
+from coolsd.core.trees import parse_draft
+from coolsd.models.bundle import Bundle
+from coolsd.models.config import ModelConfig
+from coolsd.models.eagle import Drafter
+from coolsd.models.gpt import Transformer
+
+
+def named(bundle: Bundle, class_id: int, method: str, params: dict | None = None, draft: str = "chain:5",
+          sampling: SamplingConfig | None = None, seed: int = 0, capture: bool = False) -> Generation:
+    """``generate`` from a method name and parameters, as the command line parses them."""
+    tree = parse_draft(draft)
+    rule = build_rule(method, params or {}, tree.depth, bundle.neighbours)
+    return generate(bundle, class_id, rule, tree, sampling, seed, capture)
 
 
 def peaky_bundle(cfg: ModelConfig, seed: int = 0, std: float = 0.5, drafter_std: float | None = None) -> Bundle:
@@ -85,7 +98,7 @@ def exact_distribution(target: Transformer, class_id: int, sampling: SamplingCon
     labels = torch.tensor([class_id, cfg.null_class][:rows])
     with torch.no_grad():
         prefixes = seqs[::vocab]  # each distinct x_1..x_{N-1}
-        inputs = torch.cat([target.sequence_inputs(labels.repeat_interleave(len(prefixes)),
+        inputs = torch.cat([target.sequence_inputs(target.class_prefix(labels.repeat_interleave(len(prefixes))),
                                                    prefixes.repeat(rows, 1))], dim=0)
         hidden = target(inputs, torch.arange(n))
         logits = target.output(hidden).view(rows, len(prefixes), n, vocab)

@@ -78,8 +78,8 @@ def test_timing_runs_interleave_in_rotating_order(monkeypatch):
     class, seed and sampling as the images."""
     calls = []
 
-    def fake_generate(bundle, class_id, method, params, draft, sampling, seed, capture=False):
-        calls.append((method, class_id, seed, draft))
+    def fake_generate(bundle, class_id, rule, draft, sampling, seed, capture=False):
+        calls.append((rule.name, class_id, seed, draft.name))
         return explorer.Generation([], type("Stats", (), {"seconds": {"total": 0.1}})())
 
     monkeypatch.setattr(explorer, "generate", fake_generate)

@@ -7,8 +7,11 @@ import pytest
 import torch
 
 from coolsd.models.bundle import ASSETS, DEFAULT_MODEL, load_bundle
-from coolsd.core.decode import METHODS, generate
+from coolsd.core.rules import METHODS
+
+from helpers import named
 from coolsd.toy.judge import judge_metrics
+from coolsd.toy.vq import VQDecoder
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +21,9 @@ def bundle():
 
 def test_bundle_loads_with_every_part(bundle):
     assert bundle.name == "fashion"
-    assert bundle.drafter is not None and bundle.tokenizer is not None and bundle.judge is not None
-    assert bundle.judge.reference is not None and int(bundle.judge.reference["real_features_num_samples"]) == 10_000
+    judge = bundle.quality.judge
+    assert bundle.drafter is not None and isinstance(bundle.decoder, VQDecoder) and judge is not None
+    assert judge.reference is not None and int(judge.reference["real_features_num_samples"]) == 10_000
     cfg = bundle.config
     assert cfg.n_layer >= 8 and cfg.image_tokens >= 49 and cfg.class_dropout == 0.1
     assert 512 <= cfg.vocab_size <= 1024
@@ -33,9 +37,10 @@ def test_bundle_loads_with_every_part(bundle):
                                             ("lantern", {"k": 5, "lambda": 2.0, "residual": "lantern"})])
 def test_one_image_per_method(bundle, method, params):
     assert method in METHODS
-    result = generate(bundle, 3, method, params, "tree:eagle25", bundle.sampling, seed=1)
+    result = named(bundle, 3, method, params, "tree:eagle25", bundle.sampling, seed=1)
     pixels = bundle.image(result.tokens)
-    assert pixels.shape == (28, 28) and pixels.dtype == np.uint8
+    assert pixels.shape == (28, 28, 3) and pixels.dtype == np.uint8
+    assert (pixels == pixels[..., :1]).all()  # grey: the three channels agree
     assert pixels.max() > 100  # not a blank picture
     assert len(result.tokens) == bundle.config.image_tokens
     assert all(0 <= t < bundle.config.vocab_size for t in result.tokens)
@@ -46,9 +51,9 @@ def test_generated_garment_is_recognised(bundle):
     images, classes = [], []
     for cls in range(10):
         for seed in range(3):
-            images.append(bundle.image(generate(bundle, cls, "ar", {}, "chain:5", bundle.sampling, seed).tokens))
+            images.append(bundle.image(named(bundle, cls, "ar", {}, "chain:5", bundle.sampling, seed).tokens))
             classes.append(cls)
-    assert judge_metrics(bundle, images, classes)["judge_accuracy"] >= 0.6
+    assert judge_metrics(bundle.quality.judge, images, classes)["judge_accuracy"] >= 0.6
 
 
 def test_assets_fit_and_are_documented():

@@ -209,7 +209,7 @@ def test_bench_repeats_and_speedup_spread(tmp_path, capsys, monkeypatch):
     real_generate = bench.generate
 
     def counted(*args, **kwargs):
-        calls.append(args[2])
+        calls.append(args[2].name)
         return real_generate(*args, **kwargs)
 
     monkeypatch.setattr(bench, "generate", counted)
@@ -245,23 +245,24 @@ def test_bench_refuses_repeats_that_differ(capsys, monkeypatch):
     assert "not deterministic" in one_line_error(capsys)
 
 
-class FakeJudge:
+class FakeQuality:
+    """Stands in for the shipped judge: 128-d features, a fixed (implausible) FID."""
+
     num_features = 128
+
+    def __call__(self, images, classes):
+        return {"judge_accuracy": 1.0, "fid_images": len(images), "fid": 515.0}
 
 
 def test_small_samples_warn(tmp_path, capsys, monkeypatch):
     assert bench.sample_warnings(200, 128) == [] and bench.sample_warnings(2, None) == []
     assert len(bench.sample_warnings(150, 128)) == 1 and "200" in bench.sample_warnings(150, 128)[0]
-    import coolsd.toy.judge
-
     def with_judge(args):
         bundle = random_bundle("tiny")
-        bundle.judge = FakeJudge()
+        bundle.quality = FakeQuality()
         return bundle
 
     monkeypatch.setattr(bench, "load_model", with_judge)
-    monkeypatch.setattr(coolsd.toy.judge, "judge_metrics",
-                        lambda bundle, images, classes: {"judge_accuracy": 1.0, "fid_images": len(images), "fid": 515.0})
     out = tmp_path / "r.json"
     assert bench.main(["--methods", "eagle", "--images", "2", "--warmup", "0", *TINY, "--no-progress",
                        "--out", str(out)]) == 0

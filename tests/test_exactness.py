@@ -3,13 +3,13 @@ lossless settings are bit-identical to Eagle-1."""
 
 import pytest
 
-from coolsd.core.decode import EMPTY, decode, generate
-from coolsd.models.gpt import ModelConfig
+from coolsd.core.decode import EMPTY, decode
+from coolsd.models.config import ModelConfig
 from coolsd.core.rules import Eagle
 from coolsd.core.sampling import SamplingConfig
 from coolsd.core.trees import DraftTree, chain
 
-from helpers import chi_square_pvalue, exact_distribution, peaky_bundle
+from helpers import chi_square_pvalue, exact_distribution, named, peaky_bundle
 
 # 4 codes, 5 tokens: 1,024 possible images, enumerated exactly.
 ENUM_CFG = ModelConfig(vocab_size=4, dim=16, n_layer=1, n_head=2, num_classes=2, grid_height=1, grid_width=5,
@@ -64,9 +64,9 @@ def test_relaxed_rules_at_lossless_settings_are_bit_identical(draft):
                                       grid_width=4, multiple_of=16), std=0.15)
     sampling = SamplingConfig(cfg_scale=2.0, top_k=20)
     for seed in range(3):
-        reference = generate(bundle, 2, "eagle", {}, draft, sampling, seed)
+        reference = named(bundle, 2, "eagle", {}, draft, sampling, seed)
         for method, params in [("cool", {"delta": 1.0, "nu": 0.0, "mu": 0.0}), ("uniform", {"delta": 1.0})]:
-            other = generate(bundle, 2, method, params, draft, sampling, seed)
+            other = named(bundle, 2, method, params, draft, sampling, seed)
             assert other.tokens == reference.tokens
             assert [c.accept_prob for r in other.stats.rounds for c in r.tested] == \
                    [c.accept_prob for r in reference.stats.rounds for c in r.tested]
@@ -75,7 +75,7 @@ def test_relaxed_rules_at_lossless_settings_are_bit_identical(draft):
 
 def test_same_seed_same_tokens_and_different_seeds_differ():
     bundle = peaky_bundle(ENUM_CFG)
-    runs = [generate(bundle, 1, "cool", {"delta": 2.0}, "tree:eagle25", SamplingConfig(), s).tokens
+    runs = [named(bundle, 1, "cool", {"delta": 2.0}, "tree:eagle25", SamplingConfig(), s).tokens
             for s in (0, 0, 1, 2, 3)]
     assert runs[0] == runs[1]
     assert len({tuple(r) for r in runs}) > 2
@@ -86,6 +86,6 @@ def test_relaxation_moves_the_distribution():
     bundle = peaky_bundle(ENUM_CFG)
     sampling = SamplingConfig(cfg_scale=1.5)
     law = exact_distribution(bundle.target, 1, sampling)
-    drawn = [tuple(generate(bundle, 1, "uniform", {"delta": 4.0}, "chain:3", sampling, s).tokens)
+    drawn = [tuple(named(bundle, 1, "uniform", {"delta": 4.0}, "chain:3", sampling, s).tokens)
              for s in range(3000)]
     assert chi_square_pvalue(drawn, law) < ALPHA

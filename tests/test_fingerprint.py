@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from coolsd.models.bundle import load_bundle
-from coolsd.core.decode import generate
+
+from helpers import named
 
 RECORD = Path(__file__).resolve().parent / "data" / "fashion_tokens.json"
 METHODS = [("ar", {}), ("eagle", {}), ("uniform", {"delta": 2.0}), ("cool", {"delta": 2.0}),
@@ -31,7 +32,7 @@ def key(method: str, params: dict, draft: str, class_id: int, seed: int) -> str:
 
 def record() -> dict[str, list[int]]:
     bundle = load_bundle(device="cpu")
-    return {key(*case): generate(bundle, case[3], case[0], case[1], case[2], bundle.sampling, case[4]).tokens
+    return {key(*case): named(bundle, case[3], case[0], case[1], case[2], bundle.sampling, case[4]).tokens
             for case in cases()}
 
 

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from coolsd.models.bundle import Bundle
-from coolsd.core.decode import build_rule, decode
-from coolsd.models.gpt import ModelConfig
+from coolsd.core.decode import decode
+from coolsd.core.rules import build_rule
+from coolsd.models.config import ModelConfig
 from coolsd.core.sampling import SamplingConfig, probabilities
 from coolsd.core.trees import DraftTree
 
@@ -97,7 +98,7 @@ class TinyWorld:
     def _hidden(self, prefix: Path) -> torch.Tensor:
         """Target features (rows, 1 + len(prefix), dim): ``h_0`` at the class token, ``h_t`` after ``x_t``."""
         tokens = torch.tensor(prefix + (0,))[None].expand(len(self.labels), -1)  # the last token is not read
-        return self.target(self.target.sequence_inputs(self.labels, tokens), torch.arange(len(prefix) + 1))
+        return self.target(self.target.sequence_inputs(self.target.class_prefix(self.labels), tokens), torch.arange(len(prefix) + 1))
 
     @torch.no_grad()
     def _feature(self, prefix: Path, drafted: Path) -> torch.Tensor:

@@ -5,12 +5,14 @@ import random
 import pytest
 import torch
 
-from coolsd.core.decode import draft
-from coolsd.models.gpt import CONFIGS, Drafter, ModelConfig, Transformer, parameter_count
+from coolsd.core.decode import State, draft
+from coolsd.models.config import CONFIGS, ModelConfig
+from coolsd.models.eagle import Drafter
+from coolsd.models.gpt import Transformer, parameter_count
 from coolsd.core.sampling import SamplingConfig, probabilities
 from coolsd.core.trees import DraftTree, chain, parse_draft
 
-from helpers import peaky_bundle
+from helpers import named, peaky_bundle
 
 CFG = ModelConfig(vocab_size=11, dim=32, n_layer=2, n_head=2, num_classes=3, grid_height=3, grid_width=4,
                   multiple_of=16)
@@ -19,7 +21,7 @@ CFG = ModelConfig(vocab_size=11, dim=32, n_layer=2, n_head=2, num_classes=3, gri
 def reference_hidden(target: Transformer, labels: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     """Uncached causal forward over [class, tokens...] -> hidden (rows, T, dim)."""
     seq = torch.tensor(tokens + [0])[None].expand(len(labels), -1)
-    return target(target.sequence_inputs(labels, seq), torch.arange(len(tokens) + 1))
+    return target(target.sequence_inputs(target.class_prefix(labels), seq), torch.arange(len(tokens) + 1))
 
 
 @pytest.mark.parametrize("rows", [1, 2])
@@ -32,7 +34,7 @@ def test_cache_matches_uncached_forward_over_rounds(rows):
     cache = target.new_cache(rows, CFG.image_tokens + tree.size + 1)
     committed: list[int] = []  # tokens whose keys/values are in the cache (after the class token)
     with torch.no_grad():
-        target(target.class_inputs(labels), torch.tensor([0]), cache)
+        target(target.class_prefix(labels).embeds, torch.tensor([0]), cache)
         cache.commit([0])
         checks = 0
         while len(committed) + 1 < CFG.image_tokens:
@@ -78,8 +80,8 @@ def test_drafter_tree_matches_uncached_drafter():
     cache = drafter.new_cache(rows, 32)
     with torch.no_grad():
         # first round caught up on h_0 only; second round on h_1, h_2 with tokens x_2, x_3
-        draft(drafter, target, cache, tree, committed[:1], features[:, :1], sampling, generator)
-        tokens, valid, q, node_features = draft(drafter, target, cache, tree, committed[1:], features[:, 1:],
+        draft(drafter, target, cache, tree, State([], committed[:1], features[:, :1]), sampling, generator)
+        tokens, valid, q, node_features = draft(drafter, target, cache, tree, State([], committed[1:], features[:, 1:]),
                                                 sampling, generator)
         assert cache.length == 3
         for node in range(1, tree.levels[tree.depth].start):  # the deepest level is not fed back
@@ -124,12 +126,11 @@ def test_small_config_is_about_ten_million_parameters():
 def test_bfloat16_models_decode():
     """The CUDA path runs the models in bf16; the same dtype handling is exercised here on the CPU."""
     from coolsd.models.bundle import random_bundle
-    from coolsd.core.decode import generate
 
     bundle = random_bundle("tiny").to("cpu", torch.bfloat16)
     assert bundle.target.output.weight.dtype == torch.bfloat16
     for method, params in [("ar", {}), ("eagle", {}), ("cool", {"delta": 2.0}), ("lantern", {"k": 3})]:
         for draft in ("chain:4", "tree:eagle25"):
-            result = generate(bundle, 1, method, params, draft, SamplingConfig(cfg_scale=2.0), seed=0)
+            result = named(bundle, 1, method, params, draft, SamplingConfig(cfg_scale=2.0), seed=0)
             assert len(result.tokens) == bundle.config.image_tokens
             assert all(0 <= t < bundle.config.vocab_size for t in result.tokens)

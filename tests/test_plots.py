@@ -14,7 +14,8 @@ from matplotlib.text import Text
 from coolsd.app import plots
 from coolsd.app import session as explorer
 from coolsd.models.bundle import random_bundle
-from coolsd.core.decode import generate
+
+from helpers import named
 
 DRAFT = "chain:3"
 COOL = {"delta": 2.0, "nu": 0.7, "mu": "auto", "schedule": "exp"}
@@ -24,7 +25,7 @@ COOL = {"delta": 2.0, "nu": 0.7, "mu": "auto", "schedule": "exp"}
 def runs():
     """Tiny random-model generations: the chosen method (COOL-SD or AR) and lossless Eagle-1."""
     bundle = random_bundle("tiny")
-    made = {method: generate(bundle, 0, method, params, DRAFT, seed=0)
+    made = {method: named(bundle, 0, method, params, DRAFT, seed=0)
             for method, params in (("cool", COOL), ("eagle", {}), ("ar", {}))}
     grid = (bundle.config.grid_height, bundle.config.grid_width)
     return {"made": made, "grid": grid, "image": bundle.image(made["cool"].tokens)}

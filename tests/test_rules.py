@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from coolsd.core.decode import build_rule, verify
+from coolsd.core.rules import build_rule
+from coolsd.core.verify import verify
 from coolsd.core.rules import CoolSD, Eagle, Lantern, UniformRSD, nearest_codes, omega_schedule, resolve_mu
 from coolsd.core.theory import one_step
 from coolsd.core.trees import DraftTree, parse_draft

@@ -4,7 +4,7 @@ import torch
 
 from coolsd.toy.data import to_uint8, to_unit
 from coolsd.toy.judge import Judge, judge_metrics, new_fid, reference_statistics
-from coolsd.models.gpt import ModelConfig
+from coolsd.models.config import ModelConfig
 from coolsd.toy.train import Schedule, accuracy, tokenize, train_drafter, train_judge, train_target, train_tokenizer
 from coolsd.toy.vq import VQConfig
 
@@ -75,17 +75,12 @@ def test_judge_metrics_on_known_input():
     judge, _ = train_judge(images, labels, Schedule(steps=30, batch=32, lr=3e-3, warmup=5), progress=False)
     judge.reference = reference_statistics(judge, images)
 
-    class Holder:
-        pass
-
-    bundle = Holder()
-    bundle.judge = judge
-    same = judge_metrics(bundle, list(images.numpy()), labels.tolist())
+    same = judge_metrics(judge, list(images.numpy()), labels.tolist())
     assert same["judge_accuracy"] == accuracy(judge, images, labels)
     assert abs(same["fid"]) < 1e-3
-    shifted = judge_metrics(bundle, list(torch.roll(images, 7, dims=2).numpy()), labels.tolist())
+    shifted = judge_metrics(judge, list(torch.roll(images, 7, dims=2).numpy()), labels.tolist())
     assert shifted["fid"] > 1.0
-    wrong = judge_metrics(bundle, list(images.numpy()), ((labels + 1) % 4).tolist())
+    wrong = judge_metrics(judge, list(images.numpy()), ((labels + 1) % 4).tolist())
     assert wrong["judge_accuracy"] < 0.2
     fid = new_fid(judge, judge.reference)
     assert int(fid.real_features_num_samples) == 256

@@ -17,14 +17,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from . import plots
-from ..models.bundle import ASSETS, Bundle
-from ..core.decode import Generation, build_rule, generate
+from ..core.decode import Generation, generate
 from ..core.params import check, shorten
-from ..core.rules import omega_schedule, resolve_mu
+from ..core.rules import AR, AcceptanceRule, Eagle, build_rule, omega_schedule, resolve_mu
 from ..core.sampling import SamplingConfig
 from ..core.theory import chain_theory, round_summary, step_rates, toy_chain
-from ..core.trees import TREES, parse_draft
+from ..core.trees import TREES, DraftTree, chain, parse_draft
+from ..models.bundle import ASSETS, Bundle
+from . import plots
 
 # UI label -> (method, fixed parameters)
 METHODS: dict[str, tuple[str, dict]] = {
@@ -69,6 +69,8 @@ class Request:
     class_id: int
     seed: int
     sampling: SamplingConfig
+    rule: AcceptanceRule = field(compare=False)  # built once, from method and params
+    tree: DraftTree = field(compare=False)
 
     @property
     def param_dict(self) -> dict:
@@ -94,15 +96,10 @@ def parse_request(bundle: Bundle, method: str, delta, nu, mu_auto, mu, k, lam, d
         params["lambda"] = check("lambda", lam)
     sampling = SamplingConfig(cfg_scale=check("cfg_scale", cfg_scale), temperature=check("temperature", temperature),
                               top_k=check("top_k", top_k, high=bundle.config.vocab_size), top_p=check("top_p", top_p))
-    request = Request(method, name, tuple(sorted(params.items())), draft, bundle.class_names.index(class_name),
-                      check("seed", seed), sampling)
-    rule_for(bundle, request)  # parameter combinations the rule itself refuses (e.g. a too steep linear nu)
-    return request
-
-
-def rule_for(bundle: Bundle, request: Request):
-    depth = 0 if request.method == "ar" else parse_draft(request.draft).depth
-    return build_rule(request.method, request.param_dict, depth, bundle.neighbours)
+    tree = parse_draft(draft)
+    rule = build_rule(name, params, tree.depth, bundle.neighbours)  # refuses e.g. a too steep linear nu
+    return Request(method, name, tuple(sorted(params.items())), draft, bundle.class_names.index(class_name),
+                   check("seed", seed), sampling, rule, tree)
 
 
 class ResultCache:
@@ -146,13 +143,13 @@ def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
     eagle_key = (bundle.name, request.draft, cls, seed, sampling)
 
     def run_eagle() -> Generation:
-        return generate(bundle, cls, "eagle", {}, request.draft, sampling, seed, capture=True)
+        return generate(bundle, cls, Eagle(), request.tree, sampling, seed, capture=True)
 
     say(0.1, desc=f"Generating with {request.label}")
     if request.method == "eagle":
         method = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     else:
-        method = generate(bundle, cls, request.method, request.param_dict, request.draft, sampling, seed)
+        method = generate(bundle, cls, request.rule, request.tree, sampling, seed)
     say(0.6, desc="Generating with Eagle-1 (lossless)")
     eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     images = {"method": bundle.image(method.tokens), "eagle": bundle.image(eagle.tokens)}
@@ -189,16 +186,14 @@ class Timing:
 def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS) -> Timing:
     """Time AR, Eagle-1 and the chosen method ``repeats`` times each, interleaved, in rotating order (no run
     always goes first); the same class, seed and sampling as the images, so the tokens are the same too."""
-    runs = {"ar": ("ar", {}), "eagle": ("eagle", {})}
+    runs = {"ar": AR(), "eagle": Eagle()}
     if request.method not in runs:
-        runs["method"] = (request.method, request.param_dict)
+        runs["method"] = request.rule
     order = list(runs)
     seconds: dict[str, list[float]] = {run: [] for run in runs}
     for repeat in range(repeats):
         for run in order[repeat % len(order):] + order[:repeat % len(order)]:
-            method, params = runs[run]
-            generation = generate(bundle, request.class_id, method, params, request.draft, request.sampling,
-                                  request.seed)
+            generation = generate(bundle, request.class_id, runs[run], request.tree, request.sampling, request.seed)
             seconds[run].append(generation.stats.seconds["total"])
     if "method" not in seconds:  # AR or Eagle-1 chosen: it is one of the two
         seconds["method"] = seconds[request.method]
@@ -207,8 +202,8 @@ def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEAT
 
 def warm_up(bundle: Bundle) -> None:
     """One small generation per code path, so that the first user request does not pay torch's start-up."""
-    for method in ("ar", "eagle"):
-        generate(bundle, 0, method, {}, "chain:2", bundle.sampling, 0)
+    for rule in (AR(), Eagle()):
+        generate(bundle, 0, rule, chain(2), bundle.sampling, 0)
 
 
 def enlarge(pixels: np.ndarray, scale: int = DISPLAY_SCALE) -> Image.Image:
@@ -280,8 +275,7 @@ def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, so
     last Eagle-1 run (each pair evaluated exactly, averaged per position) or for random toy pairs."""
     if request.method == "ar":
         raise ValueError("AR drafts nothing: choose a speculative method to see its theory")
-    depth = parse_draft(request.draft).depth
-    rule = rule_for(bundle, request)
+    depth, rule = request.tree.depth, request.rule
     if source == "toy" or result is None:
         p, q = toy_chain(vocab=16, length=depth, seed=toy_seed)
         table = chain_theory(p, q, rule)
@@ -349,7 +343,7 @@ def measured_point(bundle: Bundle, request: Request, metric: str) -> tuple[float
     bench = load_bench()
     if bench.get("model") != bundle.name or bench.get("sampling") != request.sampling.to_dict():
         return None
-    wanted = rule_for(bundle, request).params()
+    wanted = request.rule.params()
     for run in bench.get("runs", []):
         if run["method"] != request.method or run.get(metric) is None:
             continue

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from ..models.bundle import Bundle
 from ..core.decode import EMPTY, Generation, generate
+from ..core.rules import AcceptanceRule, build_rule
 from .generate import (OneLineParser, add_model_arguments, check_model_args, check_output, load_model,
                        sampling_from)
 from .methods import check_rule, method_label, parse_method
@@ -74,16 +75,16 @@ def quartiles(values: list[float]) -> list[float]:
     return [float(np.percentile(values, 25)), float(np.percentile(values, 75))]
 
 
-def time_image(bundle: Bundle, methods: list[tuple[str, dict]], class_id: int, seed: int, draft: DraftTree,
-               sampling: SamplingConfig, repeats: int) -> list[tuple[Generation, float]]:
+def time_image(bundle: Bundle, methods: list[tuple[str, dict]], rules: list[AcceptanceRule], class_id: int,
+               seed: int, draft: DraftTree, sampling: SamplingConfig, repeats: int) -> list[tuple[Generation, float]]:
     """One (class, seed) for every method, ``repeats`` times, interleaved across methods so that a change in
     machine load hits all of them alike. Per method: the generation of median latency (median-low for an even
     ``repeats``; its phase timings go in the summary) and the median latency. Decoding is deterministic for a
     given seed, so every repeat must give the same tokens; if not, the repeats would time different work."""
     gens: list[list[Generation]] = [[] for _ in methods]
     for _ in range(repeats):
-        for runs, (name, params) in zip(gens, methods):
-            runs.append(generate(bundle, class_id, name, params, draft, sampling, seed=seed))
+        for runs, rule in zip(gens, rules):
+            runs.append(generate(bundle, class_id, rule, draft, sampling, seed=seed))
     out = []
     for runs, (name, params) in zip(gens, methods):
         if any(g.tokens != runs[0].tokens for g in runs):
@@ -103,14 +104,15 @@ def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | D
         methods.insert(0, ("ar", {}))
     tree = parse_draft(draft, usable_depth(bundle.config.image_tokens))
     classes = bundle.config.num_classes
-    for name, params in methods:  # fail fast on bad parameters, and warm up
+    rules = [build_rule(name, params, tree.depth, bundle.neighbours) for name, params in methods]  # once per method
+    for rule in rules:  # warm up
         for i in range(warmup):
-            generate(bundle, i % classes, name, params, tree, sampling, seed=10**9 + i)
+            generate(bundle, i % classes, rule, tree, sampling, seed=10**9 + i)
     gens: list[list[Generation]] = [[] for _ in methods]
     latency: list[list[float]] = [[] for _ in methods]
     bar = tqdm(total=images * len(methods) * repeats, desc="bench", disable=not progress, file=sys.stderr)
     for i in range(images):
-        timed = time_image(bundle, methods, i % classes, seed + i, tree, sampling, repeats)
+        timed = time_image(bundle, methods, rules, i % classes, seed + i, tree, sampling, repeats)
         for m, (generation, seconds) in enumerate(timed):
             gens[m].append(generation)
             latency[m].append(seconds)
@@ -119,8 +121,8 @@ def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | D
     ar_latency = latency[[name for name, _ in methods].index("ar")]
     runs = [summarise(name, params, gens[m], latency[m], ar_latency, tree.name, bundle, keep_images)
             for m, (name, params) in enumerate(methods)]
-    judge_features = bundle.judge.num_features if bundle.judge is not None else None
-    return {"model": bundle.name, "device": str(bundle.device), "dtype": str(bundle.target.output.weight.dtype),
+    judge_features = getattr(bundle.quality, "num_features", None)
+    return {"model": bundle.name, "device": str(bundle.device), "dtype": str(next(bundle.target.parameters()).dtype),
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
             "images": images, "repeats": repeats, "draft": tree.name, "sampling": sampling.to_dict(), "seed": seed,
             "warnings": sample_warnings(images, judge_features), "runs": runs}
@@ -150,9 +152,8 @@ def summarise(name: str, params: dict, gens: list[Generation], latency: list[flo
         "acceptance_ms_per_round": 1000 * phase["acceptance"] / rounds,
         "target_forward_ms_per_round": 1000 * phase["target_forward"] / rounds,
     }
-    if bundle.judge is not None:
-        from ..toy.judge import judge_metrics
-        record.update(judge_metrics(bundle, [bundle.image(g.tokens) for g in gens], [s.class_id for s in stats]))
+    if bundle.quality is not None:
+        record.update(bundle.quality([bundle.image(g.tokens) for g in gens], [s.class_id for s in stats]))
     if keep_images:
         record["tokens"] = [g.tokens for g in gens]
     return record

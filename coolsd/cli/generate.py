@@ -21,9 +21,10 @@ import torch
 from PIL import Image
 
 from ..models.bundle import DEFAULT_MODEL, Bundle, load_bundle, random_bundle, set_threads
-from ..core.decode import EMPTY, METHODS, generate
+from ..core.decode import EMPTY, generate
+from ..core.rules import METHODS, build_rule
 from .methods import check_param, check_rule, parse_value
-from ..models.gpt import CONFIGS, ModelConfig
+from ..models.config import CONFIGS, ModelConfig
 from ..core.params import Param, check, shorten
 from ..core.sampling import SamplingConfig
 from ..core.trees import parse_draft, usable_depth
@@ -212,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = check_args(build_parser().parse_args(argv))
         bundle = load_model(args)
-        result = generate(bundle, args.class_id, args.method, args.params, args.tree,
-                          sampling_from(args.overrides, bundle), args.seed)
+        rule = build_rule(args.method, args.params, args.tree.depth, bundle.neighbours)
+        result = generate(bundle, args.class_id, rule, args.tree, sampling_from(args.overrides, bundle), args.seed)
         if args.out:
             save_image(bundle.image(result.tokens), args.out, args.scale)
         if args.stats:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.decode import METHODS, build_rule
+from ..core.rules import METHODS, build_rule
 from ..core.params import PARAMS, check, shorten
 
 NUMERIC = ("delta", "nu", "mu", "k", "lambda")  # the method parameters whose ranges live in coolsd.params

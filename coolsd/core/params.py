@@ -39,12 +39,15 @@ class Param:
             raise ValueError(f"{self.name} is missing (allowed: {self.low:g} to {high:g})")
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ValueError(f"{self.name} must be a number, got {shorten(value)}")
-        try:
-            number = float(value)
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{self.name} must be a number, got {shorten(value)}") from None
-        if not math.isfinite(number):
-            raise ValueError(f"{self.name} must be a finite number, got {shorten(value)}")
+        if self.integer and isinstance(value, int):  # exact, even beyond float precision (seeds up to 2^63)
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError(f"{self.name} must be a number, got {shorten(value)}") from None
+            if not math.isfinite(number):
+                raise ValueError(f"{self.name} must be a finite number, got {shorten(value)}")
         if self.integer:
             if number != int(number):
                 raise ValueError(f"{self.name} must be a whole number, got {shorten(value)}")

@@ -44,6 +44,7 @@ class AcceptanceRule:
     """Lossless Eagle-1: ``p_hat = p``."""
 
     name = "eagle"
+    drafts = True  # False: the engine drafts nothing, whatever the draft tree (AR)
 
     def params(self) -> dict:
         return {}
@@ -77,6 +78,13 @@ class AcceptanceRule:
 
 
 Eagle = AcceptanceRule
+
+
+class AR(AcceptanceRule):
+    """Vanilla autoregressive decoding: nothing is drafted, one token per target forward."""
+
+    name = "ar"
+    drafts = False
 
 
 class UniformRSD(AcceptanceRule):
@@ -235,3 +243,31 @@ class Lantern(AcceptanceRule):
 
 
 RULES: dict[str, type[AcceptanceRule]] = {"eagle": Eagle, "uniform": UniformRSD, "cool": CoolSD, "lantern": Lantern}
+METHODS = ("ar", "eagle", "uniform", "cool", "lantern")
+
+
+def build_rule(method: str, params: dict | None, depth: int, neighbours=None) -> AcceptanceRule:
+    """Method name + parameters -> acceptance rule. ``neighbours(count)`` gives LANTERN++'s code table."""
+    params = dict(params or {})
+    allowed = {"ar": set(), "eagle": set(), "uniform": {"delta"}, "cool": {"delta", "nu", "mu", "schedule"},
+               "lantern": {"k", "lambda", "residual"}}
+    if method not in allowed:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    unknown = set(params) - allowed[method]
+    if unknown:
+        raise ValueError(f"method {method!r} takes no parameter {', '.join(sorted(unknown))} "
+                         f"(it takes: {', '.join(sorted(allowed[method])) or 'none'})")
+    if method == "ar":
+        return AR()
+    if method == "eagle":
+        return Eagle()
+    if method == "uniform":
+        return UniformRSD(**params)
+    if method == "cool":
+        return CoolSD(depth=max(depth, 1), **params)
+    if neighbours is None:
+        raise ValueError("method 'lantern' needs the tokenizer's codebook, which this model lacks")
+    k = params.get("k", 10)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    return Lantern(neighbours(k + 1), k=k, lam=params.get("lambda", 5.0), residual=params.get("residual", "gstar"))

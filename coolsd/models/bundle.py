@@ -1,5 +1,5 @@
-"""A model bundle: target, drafter, the code vectors of the tokenizer, and (for shipped models) the tokenizer
-and judge. One call loads it on CPU or CUDA; weights are safetensors."""
+"""A model bundle: target, drafter, the code vectors of the tokenizer, an image decoder and (optionally) quality
+metrics. One call loads it on CPU or CUDA; weights are safetensors."""
 
 from __future__ import annotations
 
@@ -7,15 +7,20 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import Tensor, nn
 
-from .gpt import CONFIGS, Drafter, ModelConfig, Transformer
+from ..core.interface import ImageDecoder
 from ..core.rules import nearest_codes
 from ..core.sampling import SamplingConfig
+from .config import CONFIGS, RANDOM_INIT_SIZES, ModelConfig
+from .decoders import CodebookShade
+from .eagle import Drafter
+from .gpt import Transformer
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_MODEL = ASSETS / "fashion"
@@ -46,20 +51,28 @@ def pick_device(device: str | None = None) -> torch.device:
 
 @dataclass
 class Bundle:
+    """Everything a generation needs. ``decoder`` turns tokens into an RGB picture (default: each token's code
+    vector shown as a grey level); ``quality`` (optional) scores generated pictures against their conditions,
+    e.g. the shipped model's judge: ``quality(images, class_ids) -> {"judge_accuracy": ..., "fid": ...}``."""
+
     target: Transformer
     drafter: Drafter | None
     codebook: Tensor  # (V, code_dim): the code vectors the decoder uses; they define LANTERN++ neighbourhoods
     name: str = "random"
     class_names: list[str] = field(default_factory=list)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    tokenizer: nn.Module | None = None
-    judge: nn.Module | None = None
+    decoder: ImageDecoder | None = None
+    quality: Callable[[list[np.ndarray], list[int]], dict] | None = None
     info: dict = field(default_factory=dict)
     _neighbours: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.class_names:
             self.class_names = [f"class {i}" for i in range(self.target.config.num_classes)]
+        if self.drafter is not None:
+            self.drafter.share_embedding(self.target)
+        if self.decoder is None:
+            self.decoder = CodebookShade(self.codebook, self.config.grid_height, self.config.grid_width)
 
     @property
     def config(self) -> ModelConfig:
@@ -67,7 +80,7 @@ class Bundle:
 
     @property
     def device(self) -> torch.device:
-        return self.target.output.weight.device
+        return self.target.device
 
     def neighbours(self, count: int) -> np.ndarray:
         """Each code's ``count`` nearest other codes (LANTERN++), computed once per bundle."""
@@ -78,31 +91,24 @@ class Bundle:
         return cached[:, :count]
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Bundle":
-        """Move the models (``dtype`` applies to target and drafter, e.g. bf16 on CUDA)."""
+        """Move the models (``dtype`` applies to target and drafter, e.g. bf16 on CUDA) and the decoder."""
         for module in (self.target, self.drafter):
             if module is not None:
                 module.to(device=device, dtype=dtype)
-        for module in (self.tokenizer, self.judge):
-            if module is not None:
-                module.to(device=device)
+        for extra in (self.decoder, self.quality):
+            if hasattr(extra, "to"):
+                extra.to(device)
         return self
 
     def image(self, tokens: list[int]) -> np.ndarray:
-        """Image tokens -> uint8 picture (H, W) through the tokenizer's decoder; without a tokenizer, each
-        token is shown as a grey level (its code vector's first coordinate)."""
-        cfg = self.config
-        grid = torch.tensor(tokens, dtype=torch.long).view(cfg.grid_height, cfg.grid_width)
-        if self.tokenizer is not None:
-            return self.tokenizer.decode_to_uint8(grid[None].to(self.tokenizer.device))[0]
-        shade = self.codebook[:, 0].float()
-        shade = (shade - shade.min()) / (shade.max() - shade.min() + 1e-12)
-        return (shade[grid] * 255).round().to(torch.uint8).numpy()
+        """Image tokens -> uint8 RGB picture (H, W, 3)."""
+        return self.decoder(tokens)
 
 
 def random_bundle(size: str = "tiny", seed: int = 0, device: str | None = None) -> Bundle:
     """Randomly initialised target + drafter of a named shape (``tiny`` for tests, ``small`` ~10M parameters)."""
-    if size not in CONFIGS:
-        raise ValueError(f"random-init size must be one of {sorted(CONFIGS)}, got {size!r}")
+    if size not in RANDOM_INIT_SIZES:
+        raise ValueError(f"random-init size must be one of {', '.join(RANDOM_INIT_SIZES)}, got {size!r}")
     cfg = CONFIGS[size]
     torch.manual_seed(seed)
     target, drafter = Transformer(cfg).eval(), Drafter(cfg).eval()
@@ -122,6 +128,24 @@ def save_bundle(bundle: Bundle, path: Path, extra: dict | None = None) -> None:
     (path / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+# Optional parts a bundle directory may carry, by the file that marks them: (module, loader). Loaders are
+# imported only when the file is there; the shipped model's tokenizer and judge live in coolsd.toy.
+EXTRAS: dict[str, tuple[str, str, str]] = {
+    "tokenizer.safetensors": ("decoder", "coolsd.toy.vq", "load_decoder"),
+    "judge.safetensors": ("quality", "coolsd.toy.judge", "load_quality"),
+}
+
+
+def load_extras(path: Path, config: ModelConfig) -> dict[str, Any]:
+    """The optional parts present in ``path``: {"decoder": ..., "quality": ...}."""
+    import importlib
+    found = {}
+    for marker, (part, module, loader) in EXTRAS.items():
+        if (path / marker).exists():
+            found[part] = getattr(importlib.import_module(module), loader)(path, config)
+    return found
+
+
 def load_bundle(path: str | Path | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Bundle:
     """Load a saved bundle (default: the shipped model) onto ``device`` (default: CUDA if present)."""
     path = Path(path) if path else DEFAULT_MODEL
@@ -136,16 +160,9 @@ def load_bundle(path: str | Path | None = None, device: str | None = None, dtype
         drafter = Drafter(cfg)
         load_model(drafter, path / "drafter.safetensors")
     codebook = load_file(path / "codebook.safetensors")["codebook"]
-    tokenizer = judge = None
-    if (path / "tokenizer.safetensors").exists():
-        from ..toy.vq import load_tokenizer
-        tokenizer = load_tokenizer(path)
-    if (path / "judge.safetensors").exists():
-        from ..toy.judge import load_judge
-        judge = load_judge(path)
     bundle = Bundle(target.eval(), drafter.eval() if drafter else None, codebook, name=meta.get("name", path.name),
                     class_names=meta.get("class_names", []), sampling=SamplingConfig(**meta.get("sampling", {})),
-                    tokenizer=tokenizer, judge=judge, info=meta)
+                    info=meta, **load_extras(path, cfg))
     device = pick_device(device)
     if dtype is None and device.type == "cuda":
         dtype = torch.bfloat16

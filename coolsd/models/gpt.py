@@ -1,80 +1,50 @@
-"""LlamaGen-style target transformer, its KV cache, and the Eagle-1 draft head (spec section 5).
+"""LlamaGen-style target transformer and its KV cache (spec sections 5 and 7), class- or text-conditioned.
 
 Module and parameter names follow LlamaGen's GPT (``tok_embeddings``, ``cls_embedding.embedding_table``,
-``layers.N.attention.wqkv`` ...) so that a LlamaGen class-to-image state dict loads without renaming.
+``cls_embedding.cap_proj.fc1``, ``layers.N.attention.wqkv`` ...) so that LlamaGen state dicts load without
+renaming. The model implements :class:`coolsd.core.interface.Target`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.interface import Prefix
+from .config import ModelConfig
+
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Shape of a target model; the drafter reuses ``dim``, ``n_head`` and the vocabulary."""
+class ClassLabel:
+    """Condition of a class-to-image model."""
 
-    vocab_size: int = 1024
-    dim: int = 256
-    n_layer: int = 12
-    n_head: int = 8
-    num_classes: int = 10
-    grid_height: int = 8
-    grid_width: int = 8
-    multiple_of: int = 256
-    norm_eps: float = 1e-5
-    rope_base: float = 10000.0
-    class_dropout: float = 0.1
+    class_id: int
 
-    @property
-    def image_tokens(self) -> int:
-        return self.grid_height * self.grid_width
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
-    def ffn_dim(self) -> int:
-        """LlamaGen's SwiGLU width: 2/3 of 4*dim, rounded up to ``multiple_of``."""
-        hidden = int(2 * 4 * self.dim / 3)
-        return self.multiple_of * math.ceil(hidden / self.multiple_of)
-
-    @property
-    def null_class(self) -> int:
-        """Index of the extra class-embedding row used as the "no class" input for guidance."""
-        return self.num_classes
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def __post_init__(self) -> None:
-        if self.dim % self.n_head or self.head_dim % 4:
-            raise ValueError(f"dim={self.dim} must split into n_head={self.n_head} heads of a size divisible by 4")
+    def describe(self) -> dict:
+        return {"class_id": self.class_id}
 
 
-# Shapes of LlamaGen's class-conditional models (256px, 16x16 grid, 16384 codes, 1000 classes), and ours.
-CONFIGS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(vocab_size=16, dim=32, n_layer=2, n_head=2, num_classes=4, grid_height=4, grid_width=4,
-                        multiple_of=16),
-    "small": ModelConfig(vocab_size=1024, dim=256, n_layer=12, n_head=8, num_classes=10, grid_height=16, grid_width=16),
-    "llamagen-b": ModelConfig(vocab_size=16384, dim=768, n_layer=12, n_head=12, num_classes=1000,
-                              grid_height=16, grid_width=16),
-    "llamagen-l": ModelConfig(vocab_size=16384, dim=1024, n_layer=24, n_head=16, num_classes=1000,
-                              grid_height=16, grid_width=16),
-    "llamagen-xl": ModelConfig(vocab_size=16384, dim=1280, n_layer=36, n_head=20, num_classes=1000,
-                               grid_height=16, grid_width=16),
-}
+@dataclass(frozen=True, eq=False)
+class Caption:
+    """Condition of a text-to-image model: encoded caption ``features`` (P, caption_dim) and ``valid`` (P,)
+    bool, False at padding slots (LlamaGen moves the real tokens to the end, so padding comes first)."""
+
+    features: Tensor
+    valid: Tensor
+    text: str = ""
+
+    def describe(self) -> dict:
+        return {"caption": self.text, "caption_tokens": int(self.valid.sum())}
 
 
-def rope_table(cfg: ModelConfig) -> Tensor:
-    """2-D RoPE rotations (complex, unit or zero) per sequence position: row 0 is the class token, row s>=1
-    is grid cell s-1. As in LlamaGen, half of each head's rotation pairs follow the grid row, half the
-    column, and the class token's table is all zeros."""
+def rope_table(cfg: ModelConfig, zero_rows: int | None = None) -> Tensor:
+    """2-D RoPE rotations (complex, unit or zero) per sequence position: ``zero_rows`` (default ``P``) rows
+    of zeros for the prefix, then one row per grid cell. As in LlamaGen, half of each head's rotation pairs
+    follow the grid row, half the column; a zero row zeroes queries and keys (spec section 7)."""
+    zero_rows = cfg.prefix_length if zero_rows is None else zero_rows
     quarter = cfg.head_dim // 4
     inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, 2 * quarter, 2).float() / (2 * quarter)))
     rows = torch.outer(torch.arange(cfg.grid_height).float(), inv_freq)  # (H, quarter)
@@ -82,15 +52,15 @@ def rope_table(cfg: ModelConfig) -> Tensor:
     angles = torch.cat([rows[:, None, :].expand(-1, cfg.grid_width, -1),
                         cols[None, :, :].expand(cfg.grid_height, -1, -1)], dim=-1)
     table = torch.polar(torch.ones(cfg.image_tokens, 2 * quarter), angles.reshape(cfg.image_tokens, 2 * quarter))
-    return torch.cat([torch.zeros(1, 2 * quarter, dtype=table.dtype), table])  # (1 + image_tokens, head_dim/2)
+    return torch.cat([torch.zeros(zero_rows, 2 * quarter, dtype=table.dtype), table])  # (P + image_tokens, D/2)
 
 
 class RotaryTable:
     """The RoPE table kept in complex64 on whichever device asks for it; deliberately not a buffer, so that
     casting a model to bf16 leaves the rotations exact (as LlamaGen keeps ``freqs_cis`` out of its state)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        self.table = rope_table(cfg)
+    def __init__(self, cfg: ModelConfig, zero_rows: int | None = None) -> None:
+        self.table = rope_table(cfg, zero_rows)
 
     def __call__(self, positions: Tensor) -> Tensor:
         if self.table.device != positions.device:
@@ -107,7 +77,8 @@ def apply_rope(x: Tensor, table: Tensor) -> Tensor:
 
 class KVCache:
     """Preallocated keys/values. ``length`` entries are committed; a forward writes its tokens after them
-    (at ``offset`` within the pending area) without committing, and ``commit`` keeps a chosen subset."""
+    (at ``offset`` within the pending area) without committing, and ``commit`` keeps a chosen subset.
+    ``valid`` (rows, max_len), present once a padded prefix was written, marks the keys others may attend to."""
 
     def __init__(self, n_layer: int, rows: int, n_head: int, head_dim: int, max_len: int,
                  device: torch.device, dtype: torch.dtype) -> None:
@@ -115,6 +86,14 @@ class KVCache:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
+        self.valid: Tensor | None = None
+
+    def mark_valid(self, valid: Tensor, offset: int) -> None:
+        """Record the key validity (rows, T) of pending positions written at ``offset``."""
+        if self.valid is None:
+            self.valid = torch.ones(valid.shape[0], self.keys.shape[3], dtype=torch.bool, device=valid.device)
+        start = self.length + offset
+        self.valid[:, start:start + valid.shape[1]] = valid
 
     def write(self, layer: int, k: Tensor, v: Tensor, offset: int) -> tuple[Tensor, Tensor]:
         """Store pending ``k, v`` (rows, H, T, D); return everything visible to them."""
@@ -133,6 +112,8 @@ class KVCache:
             index = torch.tensor(keep, device=self.keys.device) + self.length
             self.keys[:, :, :, self.length:self.length + n] = self.keys.index_select(3, index)
             self.values[:, :, :, self.length:self.length + n] = self.values.index_select(3, index)
+            if self.valid is not None:
+                self.valid[:, self.length:self.length + n] = self.valid.index_select(1, index)
         self.length += n
 
 
@@ -170,11 +151,9 @@ class Attention(nn.Module):
         qkv = self.wqkv(x).view(rows, length, 3, self.n_head, self.head_dim)
         q, k = apply_rope(qkv[:, :, :2], rope).permute(2, 0, 3, 1, 4).unbind(0)  # (rows, H, T, D) each
         v = qkv[:, :, 2].transpose(1, 2)
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
+        if cache is not None:
             k, v = cache.write(layer, k, v, offset)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cache is None and mask is None)
         return self.wo(y.transpose(1, 2).reshape(rows, length, -1))
 
 
@@ -192,13 +171,33 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-def visibility_mask(cache: KVCache, offset: int, pending_mask: Tensor | None, length: int) -> Tensor | None:
-    """Full boolean attention mask for ``length`` new tokens: all committed entries, plus ``pending_mask``
-    (length, offset + length) over the pending area; ``None`` means "see everything" (a single new token)."""
-    if pending_mask is None:
+def attention_mask(cache: KVCache | None, pending_mask: Tensor | None, length: int,
+                   valid: Tensor | None = None) -> Tensor | None:
+    """Boolean attention mask for ``length`` new positions, or None where SDPA needs none.
+
+    With a cache: every committed entry, plus ``pending_mask`` (length, offset + length) over the pending area
+    (None = a single new position, which sees everything). Without one: causal. Then, as LlamaGen's text
+    model does, keys marked invalid (padding, from ``valid`` or the cache) are hidden from every query, and each
+    position always sees itself, so a padded slot attends to itself only (spec section 7).
+    """
+    key_valid = cache.valid if cache is not None else valid
+    if pending_mask is None and key_valid is None:
         return None
-    committed = torch.ones(length, cache.length, dtype=torch.bool, device=pending_mask.device)
-    return torch.cat([committed, pending_mask], dim=1)
+    if cache is None:
+        mask = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
+    else:
+        device = pending_mask.device if pending_mask is not None else key_valid.device
+        if pending_mask is None:
+            pending_mask = torch.ones(length, length, dtype=torch.bool, device=device)
+        committed = torch.ones(length, cache.length, dtype=torch.bool, device=device)
+        mask = torch.cat([committed, pending_mask], dim=1)
+    if key_valid is None:
+        return mask
+    end = mask.shape[1]
+    mask = mask[None, None] & key_valid[:, None, None, :end]
+    own = torch.arange(end - length, end, device=mask.device)
+    mask[..., torch.arange(length, device=mask.device), own] = True
+    return mask
 
 
 class ClassEmbedder(nn.Module):
@@ -212,67 +211,106 @@ class ClassEmbedder(nn.Module):
         return self.embedding_table(labels)
 
 
+class CaptionEmbedder(nn.Module):
+    """LlamaGen's text conditioning: caption features through ``cap_proj`` (fc1, GELU tanh, fc2; no biases);
+    the unconditional input is the buffer ``uncond_embedding`` (P, caption_dim) (spec section 7)."""
+
+    def __init__(self, caption_dim: int, dim: int, slots: int) -> None:
+        super().__init__()
+        self.cap_proj = nn.Module()
+        self.cap_proj.fc1 = nn.Linear(caption_dim, dim, bias=False)
+        self.cap_proj.fc2 = nn.Linear(dim, dim, bias=False)
+        self.register_buffer("uncond_embedding", torch.randn(slots, caption_dim) / caption_dim ** 0.5)
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.cap_proj.fc2(F.gelu(self.cap_proj.fc1(features), approximate="tanh"))
+
+
 class Transformer(nn.Module):
-    """The target model P: class token at position 0, image token x_i at position i (spec section 5)."""
+    """The target model: ``P`` prefix positions (a class token, or caption slots), then image token ``i`` at
+    position ``P + i`` (spec sections 5 and 7)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.cls_embedding = ClassEmbedder(cfg.num_classes, cfg.dim)
+        if cfg.text_conditioned:
+            self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.cls_token_num)
+        else:
+            self.cls_embedding = ClassEmbedder(cfg.num_classes, cfg.dim)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.rope = RotaryTable(cfg)
         self.apply(init_weights)
 
+    @property
+    def prefix_length(self) -> int:
+        return self.config.prefix_length
+
+    @property
+    def image_tokens(self) -> int:
+        return self.config.image_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.output.weight.device
+
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         p = self.output.weight
         return KVCache(len(self.layers), rows, self.config.n_head, self.config.head_dim, max_len, p.device, p.dtype)
 
     def forward(self, x: Tensor, positions: Tensor, cache: KVCache | None = None, offset: int = 0,
-                mask: Tensor | None = None) -> Tensor:
-        """Embedded inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) -> last normed hidden states.
+                mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
+        """Embedded inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) -> final-normed features.
 
         Without a cache the attention is causal over ``x`` (training, reference). With one, ``mask`` is the
-        pending-area mask described in :func:`visibility_mask`.
+        pending-area mask of :func:`attention_mask`. ``valid`` (rows, T): which new positions are real keys
+        (a padded caption prefix); with a cache it is remembered for later forwards.
         """
+        if cache is not None and valid is not None:
+            cache.mark_valid(valid, offset)
         rope = self.rope(positions)
-        full_mask = visibility_mask(cache, offset, mask, x.shape[1]) if cache is not None else None
+        full_mask = attention_mask(cache, mask, x.shape[1], valid)
         for layer, block in enumerate(self.layers):
             x = block(x, rope, cache, layer, offset, full_mask)
         return self.norm(x)
 
-    def class_inputs(self, labels: Tensor) -> Tensor:
-        """(rows,) labels -> (rows, 1, dim) class-token embeddings."""
-        return self.cls_embedding(labels)[:, None, :]
+    def logits(self, features: Tensor) -> Tensor:
+        return self.output(features)
 
-    def sequence_inputs(self, labels: Tensor, tokens: Tensor) -> Tensor:
-        """Teacher-forcing inputs: class token then ``tokens[:, :-1]`` -> (B, T, dim)."""
-        return torch.cat([self.class_inputs(labels), self.tok_embeddings(tokens[:, :-1])], dim=1)
+    def embed(self, tokens: Tensor) -> Tensor:
+        return self.tok_embeddings(tokens)
 
+    def prefix(self, condition: "ClassLabel | Caption | int", rows: int) -> Prefix:
+        """Row 0 the condition, row 1 (when ``rows`` is 2) the unconditional input: the null class, or the
+        checkpoint's unconditional caption with the same padding mask (as LlamaGen samples)."""
+        cfg = self.config
+        device = self.output.weight.device
+        if isinstance(condition, int):
+            condition = ClassLabel(condition)
+        if cfg.text_conditioned:
+            if not isinstance(condition, Caption):
+                raise ValueError(f"this text-to-image model needs a caption, got {condition!r}")
+            features = torch.stack([condition.features.to(device), self.cls_embedding.uncond_embedding])[:rows]
+            embeds = self.cls_embedding(features.to(self.output.weight.dtype))
+            return Prefix(embeds, condition.valid.to(device)[None].expand(rows, -1))
+        if not isinstance(condition, ClassLabel) or not 0 <= condition.class_id < cfg.num_classes:
+            raise ValueError(f"class must be an integer in [0, {cfg.num_classes - 1}], got {condition!r}")
+        labels = torch.tensor([condition.class_id, cfg.null_class][:rows], device=device)
+        return Prefix(self.cls_embedding(labels)[:, None, :])
 
-class Drafter(nn.Module):
-    """Eagle-1 head: ``fc(concat(embed(x_{t+1}), h_t))`` then one decoder layer predicts ``h_{t+1}``; the
-    target's frozen output head turns that into draft logits (spec section 5)."""
+    def sequence_inputs(self, prefix: Prefix, tokens: Tensor) -> Tensor:
+        """Teacher-forcing inputs: the prefix, then ``tokens[:, :-1]`` -> (B, P + T - 1, dim)."""
+        return torch.cat([prefix.embeds, self.tok_embeddings(tokens[:, :-1])], dim=1)
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)
-        self.layer = TransformerBlock(cfg)
-        self.rope = RotaryTable(cfg)
-        self.apply(init_weights)
-
-    def new_cache(self, rows: int, max_len: int) -> KVCache:
-        p = self.fc.weight
-        return KVCache(1, rows, self.config.n_head, self.config.head_dim, max_len, p.device, p.dtype)
-
-    def forward(self, token_embeds: Tensor, features: Tensor, positions: Tensor, cache: KVCache | None = None,
-                offset: int = 0, mask: Tensor | None = None) -> Tensor:
-        x = self.fc(torch.cat([token_embeds, features], dim=-1))
-        full_mask = visibility_mask(cache, offset, mask, x.shape[1]) if cache is not None else None
-        return self.layer(x, self.rope(positions), cache, 0, offset, full_mask)
+    def class_prefix(self, labels: Tensor) -> Prefix:
+        """A batch of class labels (B,) (the null class allowed) -> their one-token prefixes (training)."""
+        return Prefix(self.cls_embedding(labels)[:, None, :])
 
 
 def init_weights(module: nn.Module) -> None:

@@ -19,11 +19,13 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from ..models.bundle import DEFAULT_MODEL, Bundle, load_bundle
-from .data import load_split
 from ..core.decode import generate
-from .judge import fid_to_reference, judge_metrics, predict
+from ..core.rules import build_rule
+from ..core.trees import parse_draft
+from ..models.bundle import DEFAULT_MODEL, Bundle, load_bundle
 from ..models.gpt import parameter_count
+from .data import load_split
+from .judge import fid_to_reference, grey, judge_metrics, predict
 
 
 def sample_images(bundle: Bundle, method: str, per_class: int, draft: str = "chain:5", seed: int = 0,
@@ -32,7 +34,7 @@ def sample_images(bundle: Bundle, method: str, per_class: int, draft: str = "cha
     total = per_class * bundle.config.num_classes
     for i in tqdm(range(total), desc=desc or method):
         cls = i % bundle.config.num_classes
-        result = generate(bundle, cls, method, {}, draft, bundle.sampling, seed + i)
+        result = generate(bundle, cls, build_rule(method, {}, 0), parse_draft(draft), bundle.sampling, seed + i)
         images.append(bundle.image(result.tokens))
         classes.append(cls)
         stats.append(result.stats)
@@ -53,8 +55,8 @@ def step_times(ar_stats: list, eagle_stats: list) -> dict:
 def grid_picture(images: list[np.ndarray], classes: list[int], columns: int, path: Path, scale: int = 3) -> None:
     """Rows = classes, ``columns`` samples each, enlarged without blur."""
     classes_n = max(classes) + 1
-    h, w = images[0].shape
-    canvas = np.zeros((classes_n * (h + 2), columns * (w + 2)), dtype=np.uint8)
+    h, w = images[0].shape[:2]
+    canvas = np.zeros((classes_n * (h + 2), columns * (w + 2), *images[0].shape[2:]), dtype=np.uint8)
     filled = [0] * classes_n
     for image, cls in zip(images, classes):
         if filled[cls] < columns:
@@ -184,24 +186,24 @@ def main(argv: list[str] | None = None) -> int:
     bundle = load_bundle(args.model, device="cpu")
     started = time.time()
     ar_images, ar_classes, ar_stats = sample_images(bundle, "ar", args.samples_per_class, desc="AR samples")
-    ar_quality = judge_metrics(bundle, ar_images, ar_classes)
+    ar_quality = judge_metrics(bundle.quality.judge, ar_images, ar_classes)
     eagle_per_class = max(1, args.eagle_images // bundle.config.num_classes)
     _, _, eagle_stats = sample_images(bundle, "eagle", eagle_per_class, seed=10**6, desc="Eagle-1 chain:5")
     train_images, _ = load_split("train")
     pick = torch.randperm(len(train_images), generator=torch.Generator().manual_seed(0))[:len(ar_images)]
-    predicted, wanted = predict(bundle.judge, torch.from_numpy(np.stack(ar_images))), torch.tensor(ar_classes)
+    predicted, wanted = predict(bundle.quality.judge, grey(ar_images)), torch.tensor(ar_classes)
     metrics = {
         "sampling": bundle.sampling.to_dict(),
         "ar": {"images": len(ar_images), **ar_quality,
                "judge_accuracy_per_class": [float((predicted[wanted == k] == k).float().mean())
                                             for k in range(bundle.config.num_classes)],
                "latency_median_s": statistics.median(s.seconds["total"] for s in ar_stats)},
-        "real_train_fid": {"images": len(pick), "fid": fid_to_reference(bundle.judge, train_images[pick])},
+        "real_train_fid": {"images": len(pick), "fid": fid_to_reference(bundle.quality.judge, train_images[pick])},
         "eagle_chain5": {"images": len(eagle_stats), "tau": float(np.mean([s.tau for s in eagle_stats])),
                          "latency_median_s": statistics.median(s.seconds["total"] for s in eagle_stats)},
         "step_seconds": step_times(ar_stats, eagle_stats),
         "parameters": {"target": parameter_count(bundle.target), "drafter": parameter_count(bundle.drafter),
-                       "tokenizer": parameter_count(bundle.tokenizer), "judge": parameter_count(bundle.judge)},
+                       "tokenizer": parameter_count(bundle.decoder.model), "judge": parameter_count(bundle.quality.judge)},
         "machine": {"processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "measured_in_s": time.time() - started,

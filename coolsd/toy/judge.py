@@ -89,14 +89,30 @@ def fid_to_reference(judge: Judge, images: Tensor) -> float:
     return float(fid.compute())
 
 
-def judge_metrics(bundle, images: list[np.ndarray], classes: list[int]) -> dict:
+def grey(images: list[np.ndarray]) -> Tensor:
+    """Decoded pictures (H, W, 3) or (H, W) -> a uint8 batch (N, H, W) of the grey images the judge reads."""
+    return torch.from_numpy(np.stack([image[..., 0] if image.ndim == 3 else image for image in images]))
+
+
+def judge_metrics(judge: Judge, images: list[np.ndarray], classes: list[int]) -> dict:
     """``judge_accuracy`` (class consistency) and ``fid`` of generated uint8 images against the test set."""
-    batch = torch.from_numpy(np.stack(images))
-    accuracy = float((predict(bundle.judge, batch) == torch.tensor(classes)).float().mean())
+    batch = grey(images)
+    accuracy = float((predict(judge, batch) == torch.tensor(classes)).float().mean())
     out = {"judge_accuracy": accuracy, "fid_images": len(images)}
     if len(images) >= 2:
-        out["fid"] = fid_to_reference(bundle.judge, batch)
+        out["fid"] = fid_to_reference(judge, batch)
     return out
+
+
+class JudgeQuality:
+    """The bundle's optional quality metrics for the shipped model: the judge's class consistency and FID."""
+
+    def __init__(self, judge: Judge) -> None:
+        self.judge = judge
+        self.num_features = judge.num_features
+
+    def __call__(self, images: list[np.ndarray], classes: list[int]) -> dict:
+        return judge_metrics(self.judge, images, classes)
 
 
 def save_judge(judge: Judge, reference: dict[str, Tensor], path: Path) -> None:
@@ -109,3 +125,8 @@ def load_judge(path: Path) -> Judge:
     load_model(judge, path / "judge.safetensors")
     judge.reference = load_file(path / "judge_reference.safetensors")
     return judge.eval()
+
+
+def load_quality(path: Path, config=None) -> JudgeQuality:
+    """The bundle loader's hook (``coolsd.models.bundle.EXTRAS``)."""
+    return JudgeQuality(load_judge(path))

@@ -27,13 +27,13 @@ from tqdm import tqdm
 from ..models.bundle import DEFAULT_MODEL, Bundle, save_bundle
 from .data import CLASS_NAMES, load_split, to_unit
 from .judge import Judge, load_judge, predict, reference_statistics, save_judge
-from ..models.gpt import Drafter, ModelConfig, Transformer
+from ..models.config import CONFIGS, ModelConfig
+from ..models.eagle import Drafter
+from ..models.gpt import Transformer
 from ..core.sampling import SamplingConfig
 from .vq import VQConfig, VQModel, load_tokenizer, save_tokenizer
 
-# The shipped model's shapes: 8x8 codes of a 512-entry codebook; an 8-layer target; a one-layer drafter.
-TARGET_CONFIG = ModelConfig(vocab_size=512, dim=192, n_layer=8, n_head=6, num_classes=10, grid_height=8,
-                            grid_width=8)
+TARGET_CONFIG = CONFIGS["fashion"]  # the shipped target's shape; its drafter is one layer of the same width
 DEFAULT_SAMPLING = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=0, top_p=1.0)
 
 
@@ -183,7 +183,7 @@ def train_target(tokens: Tensor, labels: Tensor, cfg: ModelConfig, schedule: Sch
     def loss_fn(index: Tensor, step: int) -> Tensor:
         seq, cls = tokens[index], labels[index].clone()
         cls[torch.rand(len(cls)) < cfg.class_dropout] = cfg.null_class
-        logits = model.output(model(model.sequence_inputs(cls, seq), positions))
+        logits = model.output(model(model.sequence_inputs(model.class_prefix(cls), seq), positions))
         return F.cross_entropy(logits.flatten(0, 1), seq.flatten())
 
     return model, fit("target", model, loss_fn, len(tokens), schedule, checkpoint, progress=progress)
@@ -204,7 +204,7 @@ def train_drafter(target: Transformer, tokens: Tensor, labels: Tensor, schedule:
         seq, cls = tokens[index], labels[index].clone()
         cls[torch.rand(len(cls)) < unconditional] = cfg.null_class
         with torch.no_grad():
-            features = target(target.sequence_inputs(cls, seq), positions)  # h_0..h_{N-1}
+            features = target(target.sequence_inputs(target.class_prefix(cls), seq), positions)  # h_0..h_{N-1}
             target_probs = target.output(features[:, 1:]).softmax(-1)  # p(x_{t+2} | ...) for t = 0..N-2
         predicted = drafter(target.tok_embeddings(seq[:, :-1]), features[:, :-1], positions[:-1])
         feature_loss = F.smooth_l1_loss(predicted, features[:, 1:])
@@ -304,7 +304,7 @@ def export(work: Path, out: Path) -> Bundle:
     tokenizer, judge = load_tokenizer(work), load_judge(work)
     bundle = Bundle(trained(Transformer, work / "target.pt"), trained(Drafter, work / "drafter.pt"),
                     tokenizer.quantize.codebook.detach().clone(), name="fashion", class_names=CLASS_NAMES,
-                    sampling=DEFAULT_SAMPLING, tokenizer=tokenizer, judge=judge)
+                    sampling=DEFAULT_SAMPLING)
     save_bundle(bundle, out, extra={"training": read_log(work)})
     save_tokenizer(tokenizer, out)
     save_judge(judge, judge.reference, out)

@@ -108,3 +108,24 @@ def load_tokenizer(path: Path) -> VQModel:
     model = VQModel(VQConfig(**{**cfg, "channels": tuple(cfg["channels"])}))
     load_model(model, path / "tokenizer.safetensors")
     return model.eval()
+
+
+class VQDecoder:
+    """The shipped tokenizer's decoder as the bundle's image decoder: tokens -> uint8 RGB (grey) picture."""
+
+    def __init__(self, model: VQModel, grid_height: int, grid_width: int) -> None:
+        self.model, self.grid = model, (grid_height, grid_width)
+
+    def to(self, device) -> "VQDecoder":
+        self.model.to(device)
+        return self
+
+    def __call__(self, tokens: list[int]) -> np.ndarray:
+        grid = torch.tensor(tokens, dtype=torch.long).view(1, *self.grid)
+        grey = self.model.decode_to_uint8(grid)[0]
+        return np.repeat(grey[..., None], 3, axis=-1)
+
+
+def load_decoder(path: Path, config) -> VQDecoder:
+    """The bundle loader's hook (``coolsd.models.bundle.EXTRAS``)."""
+    return VQDecoder(load_tokenizer(path), config.grid_height, config.grid_width)

@@ -1,0 +1,90 @@
+"""What the decoding loop needs from a model: the written interface that every target, drafter and image
+decoder implements (structural typing: no base class to inherit). ``coolsd.models`` holds implementations.
+
+Sequence layout (spec section 7): a condition becomes ``P >= 1`` prefix positions (a class token; or caption
+slots with a padding mask); image token ``i`` sits at position ``P + i``. Every tensor of a forward has
+``rows`` batch rows: row 0 conditional, row 1 unconditional when guidance is on (spec section 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Prefix:
+    """A condition turned into inputs: ``embeds`` (rows, P, dim) and, when some slots are padding, ``valid``
+    (rows, P) bool (False = padding: no later position attends to it; it attends to itself only)."""
+
+    embeds: Tensor
+    valid: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.embeds.shape[1]
+
+
+class Cache(Protocol):
+    """A model's key/value cache: ``length`` committed positions; a forward writes pending positions after
+    them, and ``commit(keep)`` appends the kept pending positions (indices into the pending area, in order)."""
+
+    length: int
+
+    def commit(self, keep: list[int]) -> None: ...
+
+
+@runtime_checkable
+class Target(Protocol):
+    """The target model ``P``."""
+
+    prefix_length: int  # P
+    image_tokens: int  # tokens per image
+    vocab_size: int
+    device: torch.device
+
+    def prefix(self, condition: Any, rows: int) -> Prefix:
+        """The condition's prefix for ``rows`` rows (row 1, if asked for, is the unconditional input)."""
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """(T,) image tokens -> (T, dim) input embeddings."""
+
+    def new_cache(self, rows: int, max_len: int) -> Cache: ...
+
+    def __call__(self, x: Tensor, positions: Tensor, cache: Cache, offset: int = 0, mask: Tensor | None = None,
+                 valid: Tensor | None = None) -> Tensor:
+        """Inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) -> final-normed features (rows, T, dim).
+        They see every committed cache entry and, within the pending area, what ``mask`` (T, offset + T) allows
+        (None: a single new position, or causal when ``valid`` is given). ``valid`` (rows, T): key validity of
+        the new positions (the prefix's padding mask), kept in the cache."""
+
+    def logits(self, features: Tensor) -> Tensor:
+        """Features -> logits over the vocabulary (the output head, shared with the drafter)."""
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """An Eagle-1 style drafter: from the target's (or its own predicted) feature at slot ``s`` and the next
+    input's embedding, predict the feature at ``s + 1`` (spec section 5); the target's head gives draft logits."""
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """(T,) tokens -> (T, dim) embeddings of the drafter's input (its own table, or the target's)."""
+
+    def new_cache(self, rows: int, max_len: int) -> Cache: ...
+
+    def __call__(self, inputs: Tensor, features: Tensor, positions: Tensor, cache: Cache, offset: int = 0,
+                 mask: Tensor | None = None) -> Tensor:
+        """Next-input embeddings and features (rows, T, dim) at slots ``positions`` (the target position of
+        each feature) -> predicted next features (rows, T, dim)."""
+
+
+@runtime_checkable
+class ImageDecoder(Protocol):
+    """Image tokens -> picture."""
+
+    def __call__(self, tokens: list[int]) -> np.ndarray:
+        """A row-major token grid -> uint8 RGB array (H, W, 3)."""
