@@ -1,7 +1,7 @@
 """coolsd explorer: relaxed speculative decoding (COOL-SD and friends) next to lossless Eagle-1.
 
 Run ``python app.py`` and open http://127.0.0.1:7860. The UI lives here; everything it computes lives in
-``coolsd/explorer.py``. ``COOLSD_THREADS`` sets torch's CPU threads (default 1, the fastest measured for the
+``coolsd/app/``. ``COOLSD_THREADS`` sets torch's CPU threads (default 1, the fastest measured for the
 shipped model; concurrent requests then use one core each).
 """
 
@@ -36,9 +36,9 @@ from typing import Any, TypedDict  # noqa: E402
 
 import gradio as gr  # noqa: E402
 
-from coolsd.app import session as explorer  # noqa: E402
-from coolsd.models.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
+from coolsd.app import session, views  # noqa: E402
 from coolsd.core.params import PARAMS, check, clip  # noqa: E402
+from coolsd.models.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: the GPU is attached only inside functions wrapped by spaces.GPU
     import spaces
@@ -61,7 +61,7 @@ say(f"loading the model ({THREADS} torch thread{'s' * (THREADS > 1)}; set COOLSD
 BUNDLE = load_model()
 if spaces is None:  # on ZeroGPU, CUDA work may only run inside spaces.GPU functions
     say("warming up")
-    explorer.warm_up(BUNDLE)
+    session.warm_up(BUNDLE)
 DEFAULTS = {"method": "COOL-SD", "delta": PARAMS["delta"].default, "nu": PARAMS["nu"].default, "mu_auto": True,
             "mu": PARAMS["mu"].default, "k": PARAMS["k"].default, "lam": PARAMS["lambda"].default,
             "draft": "chain:5", "class_name": BUNDLE.class_names[1], "seed": 0, "cfg": BUNDLE.sampling.cfg_scale,
@@ -69,7 +69,7 @@ DEFAULTS = {"method": "COOL-SD", "delta": PARAMS["delta"].default, "nu": PARAMS[
             "top_p": BUNDLE.sampling.top_p, "schedule": "exp"}
 VISIBLE = {  # which method controls apply to which method
     "delta": {"COOL-SD", "UniformRSD"}, "cool": {"COOL-SD"},
-    "lantern": {"LANTERN++", "LANTERN++ with G*"}, "draft": set(explorer.METHODS) - {"AR (no drafting)"},
+    "lantern": {"LANTERN++", "LANTERN++ with G*"}, "draft": set(session.METHODS) - {"AR (no drafting)"},
 }
 INTRO = """
 # coolsd: watch speculative decoding generate an image
@@ -124,8 +124,8 @@ def checked(compute):
 
 
 def parse(*values):
-    """Validate the 15 control values into an ``explorer.Request`` (a readable error otherwise)."""
-    return checked(lambda: explorer.parse_request(BUNDLE, *values))
+    """Validate the 15 control values into an ``session.Request`` (a readable error otherwise)."""
+    return checked(lambda: session.parse_request(BUNDLE, *values))
 
 
 def on_generate(method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k, top_p,
@@ -138,8 +138,8 @@ def on_generate(method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed,
     log.info("generate %s class=%d seed=%d: %.2fs", request.label, request.class_id, request.seed,
              time.perf_counter() - started)
     rounds = len(result.method.stats.rounds)
-    return (gr.update(value=explorer.enlarge(result.images["method"]), label=request.label),
-            explorer.enlarge(result.images["eagle"]), explorer.timing_table(result),
+    return (gr.update(value=views.enlarge(result.images["method"]), label=request.label),
+            views.enlarge(result.images["eagle"]), views.timing_table(result),
             f"**{request.label}** (left) and **Eagle-1, lossless** (right): class *{class_name}*, "
             f"seed {request.seed}.", gr.update(maximum=max(1, rounds - 1), value=0), result)
 
@@ -148,11 +148,11 @@ def on_figures(result, metric):
     """Every figure of the last generation (drawn after the images are on screen)."""
     if result is None:
         return [gr.skip()] * 8
-    figs = explorer.figures(BUNDLE, result)
+    figs = views.figures(BUNDLE, result)
     theory_fig, theory_md = theory_outputs(result, result.request, "last generation", 0)
     return (figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
-            explorer.replay_figure(BUNDLE, result, 0), theory_fig, theory_md,
-            explorer.tradeoff_figure(BUNDLE, result, metric))
+            views.replay_figure(BUNDLE, result, 0), theory_fig, theory_md,
+            views.tradeoff_figure(BUNDLE, result, metric))
 
 
 def on_timing(result):
@@ -161,15 +161,15 @@ def on_timing(result):
     if result is None:
         return gr.skip(), gr.skip()
     result.timing = checked(lambda: measure(result.request))
-    return explorer.timing_table(result), result
+    return views.timing_table(result), result
 
 
 def run_comparison(request, progress):
-    return explorer.compare(BUNDLE, request, progress)
+    return session.compare(BUNDLE, request, progress)
 
 
-def measure(request, repeats: int = explorer.TIMING_REPEATS):
-    return explorer.measure_speed(BUNDLE, request, repeats)
+def measure(request, repeats: int = session.TIMING_REPEATS):
+    return session.measure_speed(BUNDLE, request, repeats)
 
 
 if spaces is not None:
@@ -185,19 +185,19 @@ def theory_outputs(result, request, source, toy_seed):
     if result is None and source != "toy distributions":
         return None, "Generate an image first, or choose *toy distributions*."
     try:
-        figure, table, note = explorer.theory_panel(
+        figure, table, note = views.theory_panel(
             BUNDLE, result, request, "toy" if source == "toy distributions" else "captured",
             PARAMS["seed"].check(toy_seed))
     except ValueError as error:
         return None, f"⚠️ {error}"
-    return figure, explorer.theory_markdown(table, note)
+    return figure, views.theory_markdown(table, note)
 
 
 def on_theory(result, method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k,
               top_p, schedule, source, toy_seed):
     """Recompute the theory panel when a slider moves (no new generation)."""
     try:
-        request = explorer.parse_request(BUNDLE, method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed,
+        request = session.parse_request(BUNDLE, method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed,
                                          cfg, temperature, top_k, top_p, schedule)
     except ValueError as error:
         return None, f"⚠️ {error}"
@@ -215,7 +215,7 @@ def on_mu_auto(mu_auto, nu, draft, schedule):
     if mu_auto:
         return gr.update(visible=False)
     try:
-        value = explorer.auto_mu(nu, draft, schedule)
+        value = session.auto_mu(nu, draft, schedule)
     except ValueError:
         return gr.update(visible=True)
     param = PARAMS["mu"]
@@ -229,7 +229,7 @@ def on_replay(result, round_index):
         index = int(round_index)
     except (TypeError, ValueError):
         return gr.skip()
-    return explorer.replay_figure(BUNDLE, result, index)
+    return views.replay_figure(BUNDLE, result, index)
 
 
 def on_play(result):
@@ -274,7 +274,7 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
     result = checked(lambda: run_comparison(request, None))
     if repeats:
         result.timing = checked(lambda: measure(request, repeats))  # on ZeroGPU too, like the UI's timing
-    return explorer.api_payload(result)
+    return views.api_payload(result)
 
 
 class Explorer(gr.Blocks):
@@ -315,7 +315,7 @@ with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # im
     gr.Markdown(INTRO)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            method = gr.Radio(list(explorer.METHODS), value=DEFAULTS["method"], label="Method")
+            method = gr.Radio(list(session.METHODS), value=DEFAULTS["method"], label="Method")
             with gr.Row():
                 preset_11 = gr.Button("Paper: COOL-SD δ=1.1", size="sm")
                 preset_2 = gr.Button("Paper: COOL-SD δ=2", size="sm")
@@ -330,7 +330,7 @@ with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # im
             with gr.Column(visible=False, elem_classes="lantern-controls") as lantern_box:
                 k = slider("k")
                 lam = slider("lambda")
-            draft = gr.Dropdown(explorer.DRAFTS, value=DEFAULTS["draft"], label="Draft structure")
+            draft = gr.Dropdown(session.DRAFTS, value=DEFAULTS["draft"], label="Draft structure")
             class_name = gr.Dropdown(BUNDLE.class_names, value=DEFAULTS["class_name"], label="Class")
             with gr.Row():
                 seed = gr.Number(value=0, precision=0, label="Seed", minimum=PARAMS["seed"].low,
@@ -378,7 +378,7 @@ with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # im
                 with gr.Tab("Trade-off"):
                     metric = gr.Radio([("judge-FID (lower is better)", "fid"), ("class consistency", "judge_accuracy")],
                                       value="fid", label="quality axis")
-                    tradeoff_plot = gr.Plot(value=explorer.tradeoff_figure(BUNDLE, None, "fid"), show_label=False)
+                    tradeoff_plot = gr.Plot(value=views.tradeoff_figure(BUNDLE, None, "fid"), show_label=False)
                     gr.Markdown(METHOD_NOTES)
 
     controls = [method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k, top_p,
@@ -393,14 +393,14 @@ with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # im
     method.change(on_method, method, [delta, cool_box, lantern_box, draft], **private)
     mu_auto.change(on_mu_auto, [mu_auto, nu, draft, schedule], mu, **private)
     omega_inputs = [method, delta, nu, mu_auto, mu, draft, schedule]
-    gr.on([demo.load] + [control.change for control in omega_inputs], explorer.omega_line, omega_inputs, omega_md,
+    gr.on([demo.load] + [control.change for control in omega_inputs], views.omega_line, omega_inputs, omega_md,
           **private)
     gr.on([control.change for control in (method, delta, nu, mu_auto, mu, k, lam, schedule, source, toy_seed)],
           on_theory, [result_state, *controls, source, toy_seed], [theory_plot, theory_md], show_progress="hidden",
           **private)
     round_slider.change(on_replay, [result_state, round_slider], replay_plot, show_progress="hidden", **private)
     play.click(on_play, result_state, round_slider, **private)
-    metric.change(lambda result, metric: explorer.tradeoff_figure(BUNDLE, result, metric), [result_state, metric],
+    metric.change(lambda result, metric: views.tradeoff_figure(BUNDLE, result, metric), [result_state, metric],
                   tradeoff_plot, **private)
     dice.click(lambda: random.randrange(PARAMS["seed"].high + 1), None, seed, **private)
     preset_11.click(lambda: ("COOL-SD", 1.1, 0.7, True), None, [method, delta, nu, mu_auto], **private)

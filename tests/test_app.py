@@ -9,10 +9,10 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import app
-from coolsd.app import plots
-from coolsd.app import session as explorer
+from coolsd.app import plots, session, views
 from coolsd.core.params import PARAMS
 from coolsd.core.rules import resolve_mu
+from coolsd.core.trees import parse_draft
 
 
 def no_progress(*args, **kwargs):
@@ -55,7 +55,7 @@ def test_timing_is_measured_in_the_request_with_its_spread(generated):
     result = generated[5]
     table, timed = app.on_timing(result)
     timing = timed.timing
-    assert timing.repeats == explorer.TIMING_REPEATS and set(timing.seconds) == {"ar", "eagle", "method"}
+    assert timing.repeats == session.TIMING_REPEATS and set(timing.seconds) == {"ar", "eagle", "method"}
     assert all(len(values) == timing.repeats for values in timing.seconds.values())
     median, low, high = timing.speedup("method")
     assert low <= high and median > 0
@@ -66,7 +66,7 @@ def test_timing_is_measured_in_the_request_with_its_spread(generated):
 
 def test_speedup_compares_runs_of_the_same_repeat():
     """Median AR / median run, and the range of the per-repeat ratios (synthetic latencies)."""
-    timing = explorer.Timing({"ar": [0.10, 0.20, 0.12], "eagle": [0.05, 0.10, 0.10], "method": [0.04, 0.05, 0.06]},
+    timing = session.Timing({"ar": [0.10, 0.20, 0.12], "eagle": [0.05, 0.10, 0.10], "method": [0.04, 0.05, 0.06]},
                              threads=1)
     assert timing.speedup("method") == pytest.approx((0.12 / 0.05, 2.0, 4.0))
     assert timing.speedup("eagle") == pytest.approx((0.12 / 0.10, 1.2, 2.0))
@@ -80,16 +80,16 @@ def test_timing_runs_interleave_in_rotating_order(monkeypatch):
 
     def fake_generate(bundle, class_id, rule, draft, sampling, seed, capture=False):
         calls.append((rule.name, class_id, seed, draft.name))
-        return explorer.Generation([], type("Stats", (), {"seconds": {"total": 0.1}})())
+        return session.Generation([], type("Stats", (), {"seconds": {"total": 0.1}})())
 
-    monkeypatch.setattr(explorer, "generate", fake_generate)
-    request = explorer.parse_request(app.BUNDLE, *controls(seed=9))
-    timing = explorer.measure_speed(app.BUNDLE, request, repeats=3)
+    monkeypatch.setattr(session, "generate", fake_generate)
+    request = session.parse_request(app.BUNDLE, *controls(seed=9))
+    timing = session.measure_speed(app.BUNDLE, request, repeats=3)
     assert [c[0] for c in calls] == ["ar", "eagle", "cool", "eagle", "cool", "ar", "cool", "ar", "eagle"]
     assert {c[1:] for c in calls} == {(request.class_id, 9, "chain:5")}
     assert timing.repeats == 3
     calls.clear()
-    explorer.measure_speed(app.BUNDLE, explorer.parse_request(app.BUNDLE, *controls(method="Eagle-1 (lossless)")), 2)
+    session.measure_speed(app.BUNDLE, session.parse_request(app.BUNDLE, *controls(method="Eagle-1 (lossless)")), 2)
     assert [c[0] for c in calls] == ["ar", "eagle", "eagle", "ar"]  # the method is Eagle-1: not timed twice
 
 
@@ -119,7 +119,7 @@ def test_bad_input_is_a_readable_error(overrides, needle):
 
 
 def test_every_method_runs(generated):
-    for method in explorer.METHODS:
+    for method in session.METHODS:
         outputs = app.on_generate(*controls(method=method, draft="tree:eagle25"), progress=no_progress)
         result = outputs[5]
         assert result.method.stats.tokens == app.BUNDLE.config.image_tokens
@@ -163,7 +163,7 @@ def test_mu_auto_never_pushes_the_slider_out_of_range(schedule):
     """Under "auto", mu can leave the slider's range (chain:8, nu=-1 gives 6.38); the slider is then hidden and
     the value is shown as text, and unticking auto starts the slider inside its range."""
     param = PARAMS["mu"]
-    for draft in explorer.DRAFTS:
+    for draft in session.DRAFTS:
         for nu in np.round(np.arange(PARAMS["nu"].low, PARAMS["nu"].high + 1e-9, 0.05), 2):
             hidden = app.on_mu_auto(True, nu, draft, schedule)
             assert hidden["visible"] is False and "value" not in hidden
@@ -177,7 +177,7 @@ def test_every_setting_the_controls_allow_gives_a_result_or_one_readable_message
     """The settings that used to jam the page: each gives an image or a readable refusal, and the next legal
     setting works at once."""
     values = controls(draft=draft, nu=nu, schedule=schedule)
-    line = explorer.omega_line(*[values[i] for i in (0, 1, 2, 3, 4, 7, 14)])
+    line = views.omega_line(*[values[i] for i in (0, 1, 2, 3, 4, 7, 14)])
     try:
         outputs = app.on_generate(*values, progress=no_progress)
     except gr.Error as error:
@@ -186,15 +186,15 @@ def test_every_setting_the_controls_allow_gives_a_result_or_one_readable_message
         assert "Traceback" not in error.message
     else:
         assert outputs[5].method.stats.tokens == app.BUNDLE.config.image_tokens
-        assert f"μ = {resolve_mu(nu, 'auto', explorer.parse_draft(draft).depth, schedule):.4g} (auto" in line
+        assert f"μ = {resolve_mu(nu, 'auto', parse_draft(draft).depth, schedule):.4g} (auto" in line
     assert app.on_generate(*controls(), progress=no_progress)[5] is not None
 
 
 def test_mu_line_shows_the_auto_value():
-    assert "omega" not in explorer.omega_line("UniformRSD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
-    line = explorer.omega_line("COOL-SD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
+    assert "omega" not in views.omega_line("UniformRSD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
+    line = views.omega_line("COOL-SD", 2.0, 0.7, True, 0.0, "chain:5", "exp")
     assert f"μ = {resolve_mu(0.7, 'auto', 5):.4g} (auto" in line and "ω_1..ω_5" in line
-    assert "μ = 0.3;" in explorer.omega_line("COOL-SD", 2.0, 0.7, False, 0.3, "chain:5", "exp")
+    assert "μ = 0.3;" in views.omega_line("COOL-SD", 2.0, 0.7, False, 0.3, "chain:5", "exp")
 
 
 def test_replay_every_round(generated):
@@ -263,10 +263,10 @@ def test_ui_and_api_ranges_are_the_one_definition():
         method = "LANTERN++" if name in ("k", "lambda") else "COOL-SD"
         extra = {"mu_auto": False} if name == "mu" else {}
         for value in (param.low, param.high):
-            explorer.parse_request(app.BUNDLE, *controls(method=method, **{names.get(name, name): value}, **extra))
+            session.parse_request(app.BUNDLE, *controls(method=method, **{names.get(name, name): value}, **extra))
         for value in (param.low - param.step, param.high + param.step):
             with pytest.raises(ValueError, match=f"{name} must be between"):
-                explorer.parse_request(app.BUNDLE, *controls(method=method, **{names.get(name, name): value},
+                session.parse_request(app.BUNDLE, *controls(method=method, **{names.get(name, name): value},
                                                                **extra))
     assert (app.top_k.minimum, app.top_k.maximum) == (0, app.BUNDLE.config.vocab_size)
     assert (app.seed.minimum, app.seed.maximum) == (PARAMS["seed"].low, PARAMS["seed"].high)
@@ -274,11 +274,11 @@ def test_ui_and_api_ranges_are_the_one_definition():
 
 def test_tradeoff_stars_only_the_measured_setting():
     """The star marks the benchmark run made with exactly the current setting (defaults filled in)."""
-    bench = {run["label"]: run for run in explorer.load_bench()["runs"]}
+    bench = {run["label"]: run for run in views.load_bench(app.BUNDLE)["runs"]}
 
     def point(method, **changes):
-        request = explorer.parse_request(app.BUNDLE, *controls(method=method, **changes))
-        return explorer.measured_point(app.BUNDLE, request, "fid")
+        request = session.parse_request(app.BUNDLE, *controls(method=method, **changes))
+        return views.measured_point(app.BUNDLE, request, "fid")
 
     def expected(label):
         return bench[label]["tau"], bench[label]["fid"]

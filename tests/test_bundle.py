@@ -5,11 +5,10 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from coolsd.models.bundle import ASSETS, DEFAULT_MODEL, load_bundle
-from coolsd.core.rules import METHODS
-
 from helpers import named
+
+from coolsd.core.rules import METHODS
+from coolsd.models.bundle import ASSETS, DEFAULT_MODEL, load_bundle
 from coolsd.toy.judge import judge_metrics
 from coolsd.toy.vq import VQDecoder
 

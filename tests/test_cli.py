@@ -10,10 +10,10 @@ import torch
 from PIL import Image
 
 from coolsd.cli import bench, generate
-from coolsd.models.bundle import random_bundle
 from coolsd.cli.methods import parse_method
 from coolsd.core.params import check
 from coolsd.core.trees import parse_draft
+from coolsd.models.bundle import random_bundle
 
 TINY = ["--random-init", "tiny"]
 

@@ -2,14 +2,13 @@
 lossless settings are bit-identical to Eagle-1."""
 
 import pytest
+from helpers import chi_square_pvalue, exact_distribution, named, peaky_bundle
 
 from coolsd.core.decode import EMPTY, decode
-from coolsd.models.config import ModelConfig
 from coolsd.core.rules import Eagle
 from coolsd.core.sampling import SamplingConfig
 from coolsd.core.trees import DraftTree, chain
-
-from helpers import chi_square_pvalue, exact_distribution, named, peaky_bundle
+from coolsd.models.config import ModelConfig
 
 # 4 codes, 5 tokens: 1,024 possible images, enumerated exactly.
 ENUM_CFG = ModelConfig(vocab_size=4, dim=16, n_layer=1, n_head=2, num_classes=2, grid_height=1, grid_width=5,

@@ -5,12 +5,10 @@ behaviour is intended, and say so): ``PYTHONPATH=. python tests/test_fingerprint
 import json
 from pathlib import Path
 
-import pytest
 import torch
+from helpers import named
 
 from coolsd.models.bundle import load_bundle
-
-from helpers import named
 
 RECORD = Path(__file__).resolve().parent / "data" / "fashion_tokens.json"
 METHODS = [("ar", {}), ("eagle", {}), ("uniform", {"delta": 2.0}), ("cool", {"delta": 2.0}),

@@ -17,15 +17,20 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from helpers import (
+    chi_square_pvalue,
+    guidance_rows,
+    l2_neighbours,
+    peaky_bundle,
+    reference_probabilities,
+)
 
-from coolsd.models.bundle import Bundle
 from coolsd.core.decode import decode
 from coolsd.core.rules import build_rule
-from coolsd.models.config import ModelConfig
 from coolsd.core.sampling import SamplingConfig, probabilities
 from coolsd.core.trees import DraftTree
-
-from helpers import chi_square_pvalue, guidance_rows, l2_neighbours, peaky_bundle, reference_probabilities
+from coolsd.models.bundle import Bundle
+from coolsd.models.config import ModelConfig
 
 Path = tuple[int, ...]
 Law = dict[Path, float]

@@ -4,15 +4,14 @@ import random
 
 import pytest
 import torch
+from helpers import named, peaky_bundle
 
 from coolsd.core.decode import State, draft
+from coolsd.core.sampling import SamplingConfig, probabilities
+from coolsd.core.trees import DraftTree, chain, parse_draft
 from coolsd.models.config import CONFIGS, ModelConfig
 from coolsd.models.eagle import Drafter
 from coolsd.models.gpt import Transformer, parameter_count
-from coolsd.core.sampling import SamplingConfig, probabilities
-from coolsd.core.trees import DraftTree, chain, parse_draft
-
-from helpers import named, peaky_bundle
 
 CFG = ModelConfig(vocab_size=11, dim=32, n_layer=2, n_head=2, num_classes=3, grid_height=3, grid_width=4,
                   multiple_of=16)
@@ -130,7 +129,7 @@ def test_bfloat16_models_decode():
     bundle = random_bundle("tiny").to("cpu", torch.bfloat16)
     assert bundle.target.output.weight.dtype == torch.bfloat16
     for method, params in [("ar", {}), ("eagle", {}), ("cool", {"delta": 2.0}), ("lantern", {"k": 3})]:
-        for draft in ("chain:4", "tree:eagle25"):
-            result = named(bundle, 1, method, params, draft, SamplingConfig(cfg_scale=2.0), seed=0)
+        for spec in ("chain:4", "tree:eagle25"):
+            result = named(bundle, 1, method, params, spec, SamplingConfig(cfg_scale=2.0), seed=0)
             assert len(result.tokens) == bundle.config.image_tokens
             assert all(0 <= t < bundle.config.vocab_size for t in result.tokens)

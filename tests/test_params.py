@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from coolsd.models.bundle import set_threads
 from coolsd.core.params import PARAMS, check, shorten
 from coolsd.core.rules import omega_schedule
+from coolsd.models.bundle import set_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,15 +7,13 @@ import json
 import re
 
 import pytest
+from helpers import named
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from coolsd.app import plots
-from coolsd.app import session as explorer
-from coolsd.models.bundle import random_bundle
-
-from helpers import named
+from coolsd.app import plots, session
+from coolsd.models.bundle import DEFAULT_MODEL, random_bundle
 
 DRAFT = "chain:3"
 COOL = {"delta": 2.0, "nu": 0.7, "mu": "auto", "schedule": "exp"}
@@ -33,7 +31,7 @@ def runs():
 
 @pytest.fixture(scope="module")
 def bench_runs():
-    return json.loads(explorer.RESULTS_FILE.read_text())["runs"]
+    return json.loads((DEFAULT_MODEL / "bench_results.json").read_text())["runs"]
 
 
 THEORY_TABLE = {"depth": [1, 2, 3], "beta": [0.9, 0.7, 0.4], "cost": [0.2, 0.1, 0.0], "reach": [1.0, 0.9, 0.63],
@@ -176,7 +174,7 @@ def test_tradeoff_warns_that_small_fid_differences_are_noise(figures, bench_runs
 
 
 def test_display_names_match_the_app():
-    for label, (method, fixed) in explorer.METHODS.items():
+    for label, (method, fixed) in session.METHODS.items():
         assert plots.method_name(method, fixed) == label
     run = {"method": "lantern", "params": {"k": 10, "lambda": 5, "residual": "gstar"}}
     assert (plots.family_name(run), plots.point_label(run)) == ("LANTERN++ with G*", "k=10, λ=5")

@@ -5,14 +5,21 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import l2_neighbours
 
-from coolsd.core.rules import build_rule
-from coolsd.core.verify import verify
-from coolsd.core.rules import CoolSD, Eagle, Lantern, UniformRSD, nearest_codes, omega_schedule, resolve_mu
+from coolsd.core.rules import (
+    CoolSD,
+    Eagle,
+    Lantern,
+    UniformRSD,
+    build_rule,
+    nearest_codes,
+    omega_schedule,
+    resolve_mu,
+)
 from coolsd.core.theory import one_step
 from coolsd.core.trees import DraftTree, parse_draft
-
-from helpers import l2_neighbours
+from coolsd.core.verify import verify
 
 V = 12
 RNG = np.random.default_rng(0)

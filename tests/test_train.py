@@ -2,10 +2,18 @@
 
 import torch
 
+from coolsd.models.config import ModelConfig
 from coolsd.toy.data import to_uint8, to_unit
 from coolsd.toy.judge import Judge, judge_metrics, new_fid, reference_statistics
-from coolsd.models.config import ModelConfig
-from coolsd.toy.train import Schedule, accuracy, tokenize, train_drafter, train_judge, train_target, train_tokenizer
+from coolsd.toy.train import (
+    Schedule,
+    accuracy,
+    tokenize,
+    train_drafter,
+    train_judge,
+    train_target,
+    train_tokenizer,
+)
 from coolsd.toy.vq import VQConfig
 
 TINY = ModelConfig(vocab_size=16, dim=32, n_layer=2, n_head=2, num_classes=4, grid_height=8, grid_width=8,

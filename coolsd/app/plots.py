@@ -59,7 +59,7 @@ SWEPT = ("delta", "k", "lambda")  # the strength of a relaxation: varies along a
 
 
 def method_name(method: str, params: dict | None = None) -> str:
-    """The app's label for an internal method name (see ``explorer.METHODS``), so figures speak the UI's language."""
+    """The app's label for an internal method name (see ``session.METHODS``), so figures speak the UI's language."""
     if method == "lantern" and (params or {}).get("residual") == "gstar":
         return "LANTERN++ with G*"
     return METHOD_NAMES.get(method, method)

@@ -24,15 +24,21 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..models.bundle import Bundle
 from ..core.decode import EMPTY, Generation, generate
-from ..core.rules import AcceptanceRule, build_rule
-from .generate import (OneLineParser, add_model_arguments, check_model_args, check_output, load_model,
-                       sampling_from)
-from .methods import check_rule, method_label, parse_method
 from ..core.params import Param
+from ..core.rules import AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.trees import DraftTree, parse_draft, usable_depth
+from ..models.bundle import Bundle
+from .generate import (
+    OneLineParser,
+    add_model_arguments,
+    check_model_args,
+    check_output,
+    load_model,
+    sampling_from,
+)
+from .methods import check_rule, method_label, parse_method
 
 IMAGES = Param("images", 1, 100_000, 20, 1, "images per method", integer=True)
 WARMUP = Param("warmup", 0, 100, 2, 1, "untimed images per method", integer=True)

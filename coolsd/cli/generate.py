@@ -20,14 +20,20 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..models.bundle import DEFAULT_MODEL, Bundle, load_bundle, random_bundle, set_threads
 from ..core.decode import EMPTY, generate
-from ..core.rules import METHODS, build_rule
-from .methods import check_param, check_rule, parse_value
-from ..models.config import CONFIGS, ModelConfig
 from ..core.params import Param, check, shorten
+from ..core.rules import METHODS, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.trees import parse_draft, usable_depth
+from ..models.bundle import (
+    DEFAULT_MODEL,
+    Bundle,
+    load_bundle,
+    random_bundle,
+    set_threads,
+)
+from ..models.config import CONFIGS, ModelConfig
+from .methods import check_param, check_rule, parse_value
 
 METHOD_OPTIONS = ("delta", "nu", "mu", "schedule", "k", "lambda", "residual")
 SAMPLING_OPTIONS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}

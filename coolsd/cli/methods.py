@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.rules import METHODS, build_rule
 from ..core.params import PARAMS, check, shorten
+from ..core.rules import METHODS, build_rule
 
 NUMERIC = ("delta", "nu", "mu", "k", "lambda")  # the method parameters whose ranges live in coolsd.params
 

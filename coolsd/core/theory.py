@@ -44,6 +44,22 @@ def chain_theory(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule) -> dict:
     return round_summary(depths, [b for b, _ in rates], [e for _, e in rates], [rule.omega(d) for d in depths])
 
 
+def captured_theory(captured: list[dict], rule: AcceptanceRule, depth: int) -> dict:
+    """The round summary for the (depth, p, q) pairs a run captured (``decode(..., capture=True)``): each pair
+    evaluated exactly under ``rule``, then ``beta`` and ``e`` averaged per position; ``pairs`` counts them."""
+    by_depth: dict[int, list] = {}
+    for item in captured:
+        by_depth.setdefault(item["depth"], []).append(item)
+    reached = [d for d in range(1, depth + 1) if d in by_depth]
+    if not reached:
+        raise ValueError("the last run captured no draft positions")
+    rates = {d: np.array([step_rates(item["p"].astype(np.float64), item["q"].astype(np.float64), rule, d)
+                          for item in by_depth[d]]).mean(axis=0) for d in reached}
+    table = round_summary(reached, [rates[d][0] for d in reached], [rates[d][1] for d in reached],
+                          [rule.omega(d) for d in reached])
+    return {**table, "pairs": [len(by_depth[d]) for d in reached]}
+
+
 def toy_chain(vocab: int = 16, length: int = 5, seed: int = 0, concentration: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """Random Dirichlet target/draft pairs per position, for exploring the theory without a model."""
     rng = np.random.default_rng(seed)

@@ -64,6 +64,7 @@ class Bundle:
     decoder: ImageDecoder | None = None
     quality: Callable[[list[np.ndarray], list[int]], dict] | None = None
     info: dict = field(default_factory=dict)
+    path: Path | None = None  # the directory it was loaded from (None: built in memory)
     _neighbours: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -162,7 +163,7 @@ def load_bundle(path: str | Path | None = None, device: str | None = None, dtype
     codebook = load_file(path / "codebook.safetensors")["codebook"]
     bundle = Bundle(target.eval(), drafter.eval() if drafter else None, codebook, name=meta.get("name", path.name),
                     class_names=meta.get("class_names", []), sampling=SamplingConfig(**meta.get("sampling", {})),
-                    info=meta, **load_extras(path, cfg))
+                    info=meta, path=path, **load_extras(path, cfg))
     device = pick_device(device)
     if dtype is None and device.type == "cuda":
         dtype = torch.bfloat16

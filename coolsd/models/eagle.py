@@ -6,7 +6,14 @@ import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .gpt import KVCache, RotaryTable, Transformer, TransformerBlock, attention_mask, init_weights
+from .gpt import (
+    KVCache,
+    RotaryTable,
+    Transformer,
+    TransformerBlock,
+    attention_mask,
+    init_weights,
+)
 
 
 class Drafter(nn.Module):

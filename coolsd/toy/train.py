@@ -24,13 +24,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from ..core.sampling import SamplingConfig
 from ..models.bundle import DEFAULT_MODEL, Bundle, save_bundle
-from .data import CLASS_NAMES, load_split, to_unit
-from .judge import Judge, load_judge, predict, reference_statistics, save_judge
 from ..models.config import CONFIGS, ModelConfig
 from ..models.eagle import Drafter
 from ..models.gpt import Transformer
-from ..core.sampling import SamplingConfig
+from .data import CLASS_NAMES, load_split, to_unit
+from .judge import Judge, load_judge, predict, reference_statistics, save_judge
 from .vq import VQConfig, VQModel, load_tokenizer, save_tokenizer
 
 TARGET_CONFIG = CONFIGS["fashion"]  # the shipped target's shape; its drafter is one layer of the same width
@@ -224,66 +224,109 @@ SCHEDULES = {  # sized for two CPU cores (see assets/fashion/README.md for the m
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class StageContext:
+    """What a stage reads and writes: the work and bundle folders, its schedule and both data splits."""
+    work: Path
+    out: Path
+    schedule: Schedule | None  # None for export, which trains nothing
+    train: tuple[Tensor, Tensor]
+    test: tuple[Tensor, Tensor]
+
+
+def stage_judge(ctx: StageContext, log: dict) -> None:
+    """Train the judge; save it with the test set's reference statistics for the judge-FID."""
+    (train_images, train_labels), (test_images, test_labels) = ctx.train, ctx.test
+    judge, _ = train_judge(train_images, train_labels, ctx.schedule, ctx.work / "judge.ckpt")
+    acc = accuracy(judge, test_images, test_labels)
+    save_judge(judge, reference_statistics(judge, test_images), ctx.work)
+    log["judge"] = {"test_accuracy": acc, "steps": ctx.schedule.steps}
+    print(f"judge test accuracy {acc:.4f}")
+
+
+def stage_tokenizer(ctx: StageContext, log: dict) -> None:
+    """Train the VQ tokenizer, score its reconstructions with the judge and tokenize the training set."""
+    (train_images, _), (test_images, test_labels) = ctx.train, ctx.test
+    judge = load_judge(ctx.work)
+    model, _ = train_tokenizer(train_images, judge, ctx.schedule, checkpoint=ctx.work / "tokenizer.ckpt")
+    save_tokenizer(model, ctx.work)
+    recon = torch.from_numpy(model.decode_to_uint8(tokenize(model, test_images).view(-1, 8, 8)))
+    acc_orig, acc_recon = accuracy(judge, test_images, test_labels), accuracy(judge, recon, test_labels)
+    train_tokens = tokenize(model, train_images)
+    used = int(train_tokens[:10000].unique().numel())
+    log["tokenizer"] = {"judge_accuracy_original": acc_orig, "judge_accuracy_reconstruction": acc_recon,
+                        "ratio": acc_recon / acc_orig, "codes_used_10k_train": used, "steps": ctx.schedule.steps}
+    print(f"judge accuracy: originals {acc_orig:.4f}, reconstructions {acc_recon:.4f} "
+          f"({acc_recon / acc_orig:.1%}); codes used: {used}/{model.config.codebook_size}")
+    torch.save(train_tokens, ctx.work / "train_tokens.pt")
+
+
+def stage_target(ctx: StageContext, log: dict) -> None:
+    """Train the target transformer on the tokenizer stage's codes."""
+    tokens = torch.load(ctx.work / "train_tokens.pt", weights_only=True)
+    model, losses = train_target(tokens, ctx.train[1], TARGET_CONFIG, ctx.schedule, ctx.work / "target.ckpt")
+    torch.save(model.state_dict(), ctx.work / "target.pt")
+    log["target"] = {"final_loss": recent_mean(losses), "steps": ctx.schedule.steps}
+
+
+def stage_drafter(ctx: StageContext, log: dict) -> None:
+    """Train the Eagle-1 drafter against the finished, frozen target."""
+    tokens = torch.load(ctx.work / "train_tokens.pt", weights_only=True)
+    drafter, losses = train_drafter(trained(Transformer, ctx.work / "target.pt"), tokens, ctx.train[1],
+                                    ctx.schedule, ctx.work / "drafter.ckpt")
+    torch.save(drafter.state_dict(), ctx.work / "drafter.pt")
+    log["drafter"] = {"final_loss": recent_mean(losses), "steps": ctx.schedule.steps}
+
+
+def stage_export(ctx: StageContext, log: dict) -> None:
+    """Write the bundle; it trains nothing, so it adds nothing to ``log``."""
+    export(ctx.work, ctx.out)
+    print(f"bundle written to {ctx.out}")
+
+
+STAGES: dict[str, Callable[[StageContext, dict], None]] = {
+    "judge": stage_judge, "tokenizer": stage_tokenizer, "target": stage_target, "drafter": stage_drafter,
+    "export": stage_export,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: one stage name plus folder, step-count and thread options."""
     parser = argparse.ArgumentParser(prog="python -m coolsd.train", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=[*SCHEDULES, "export"])
+    parser.add_argument("stage", choices=list(STAGES))
     parser.add_argument("--work", type=Path, default=Path("runs/fashion"), help="checkpoints and stage outputs")
     parser.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="bundle directory written by export")
     parser.add_argument("--steps", type=int, default=None, help="override the stage's step count")
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def stage_schedule(stage: str, steps: int | None) -> Schedule | None:
+    """The stage's schedule with ``--steps`` applied; None for export."""
+    schedule = SCHEDULES.get(stage)
+    if schedule is not None and steps:
+        schedule = Schedule(**{**asdict(schedule), "steps": steps})
+    return schedule
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one stage; a training stage also records its results and wall time in ``work/log.json``."""
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    work = args.work
-    work.mkdir(parents=True, exist_ok=True)
-    schedule = SCHEDULES.get(args.stage)
-    if schedule is not None and args.steps:
-        schedule = Schedule(**{**asdict(schedule), "steps": args.steps})
+    args.work.mkdir(parents=True, exist_ok=True)
+    schedule = stage_schedule(args.stage, args.steps)
     started = time.time()
     try:
-        train_images, train_labels = load_split("train")
-        test_images, test_labels = load_split("test")
+        train, test = load_split("train"), load_split("test")
     except FileNotFoundError as error:
         print(f"error: {error}")
         return 2
-    log = read_log(work)
-
-    if args.stage == "judge":
-        judge, losses = train_judge(train_images, train_labels, schedule, work / "judge.ckpt")
-        acc = accuracy(judge, test_images, test_labels)
-        save_judge(judge, reference_statistics(judge, test_images), work)
-        log["judge"] = {"test_accuracy": acc, "steps": schedule.steps}
-        print(f"judge test accuracy {acc:.4f}")
-    elif args.stage == "tokenizer":
-        judge = load_judge(work)
-        model, losses = train_tokenizer(train_images, judge, schedule, checkpoint=work / "tokenizer.ckpt")
-        save_tokenizer(model, work)
-        recon = torch.from_numpy(model.decode_to_uint8(tokenize(model, test_images).view(-1, 8, 8)))
-        acc_orig, acc_recon = accuracy(judge, test_images, test_labels), accuracy(judge, recon, test_labels)
-        train_tokens = tokenize(model, train_images)
-        used = int(train_tokens[:10000].unique().numel())
-        log["tokenizer"] = {"judge_accuracy_original": acc_orig, "judge_accuracy_reconstruction": acc_recon,
-                            "ratio": acc_recon / acc_orig, "codes_used_10k_train": used, "steps": schedule.steps}
-        print(f"judge accuracy: originals {acc_orig:.4f}, reconstructions {acc_recon:.4f} "
-              f"({acc_recon / acc_orig:.1%}); codes used: {used}/{model.config.codebook_size}")
-        torch.save(train_tokens, work / "train_tokens.pt")
-    elif args.stage == "target":
-        tokens = torch.load(work / "train_tokens.pt", weights_only=True)
-        model, losses = train_target(tokens, train_labels, TARGET_CONFIG, schedule, work / "target.ckpt")
-        torch.save(model.state_dict(), work / "target.pt")
-        log["target"] = {"final_loss": recent_mean(losses), "steps": schedule.steps}
-    elif args.stage == "drafter":
-        tokens = torch.load(work / "train_tokens.pt", weights_only=True)
-        drafter, losses = train_drafter(trained(Transformer, work / "target.pt"), tokens, train_labels, schedule,
-                                        work / "drafter.ckpt")
-        torch.save(drafter.state_dict(), work / "drafter.pt")
-        log["drafter"] = {"final_loss": recent_mean(losses), "steps": schedule.steps}
-    else:
-        export(work, args.out)
-        print(f"bundle written to {args.out}")
-        return 0
-    log.setdefault("seconds", {})[args.stage] = time.time() - started
-    (work / "log.json").write_text(json.dumps(log, indent=2) + "\n")
+    log = read_log(args.work)
+    STAGES[args.stage](StageContext(args.work, args.out, schedule, train, test), log)
+    if args.stage != "export":
+        log.setdefault("seconds", {})[args.stage] = time.time() - started
+        (args.work / "log.json").write_text(json.dumps(log, indent=2) + "\n")
     return 0
 
 

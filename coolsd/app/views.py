@@ -1,0 +1,187 @@
+"""What the explorer shows of a session's results, independent of Gradio: pictures, the timing table, the
+figures, the theory panel, the benchmark's trade-off, and the API's JSON."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..core.decode import Generation
+from ..core.params import check
+from ..core.rules import build_rule, omega_schedule, resolve_mu
+from ..core.theory import captured_theory, chain_theory, toy_chain
+from ..core.trees import parse_draft
+from ..models.bundle import Bundle
+from . import plots
+from .session import DRAFTS, SCHEDULES, Comparison, Request, choice, flag
+
+DISPLAY_SCALE = 10
+BENCH_FILE = "bench_results.json"  # the benchmark a bundle directory may ship (coolsd.bench --out)
+
+
+def enlarge(pixels: np.ndarray, scale: int = DISPLAY_SCALE) -> Image.Image:
+    """Upscale without blur, so each pixel stays a crisp square."""
+    image = Image.fromarray(pixels)
+    return image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+
+
+def timing_table(result: Comparison) -> str:
+    """Markdown: per run, latency and speed-up vs AR (median and range over interleaved repeats, once
+    measured), tau, forwards and relaxation cost."""
+    rows = ["| run | latency (ms) | speed-up vs AR | tau | target forwards | drafter forwards | relaxation cost |",
+            "|---|---|---|---|---|---|---|"]
+    runs = [("method", result.request.label, result.method.stats)]
+    if result.request.method != "eagle":
+        runs.append(("eagle", "Eagle-1 (lossless)", result.eagle.stats))
+    if result.request.method != "ar":
+        runs.append(("ar", "AR (no drafting)", None))
+    timing = result.timing
+    for run, label, stats in runs:
+        if timing is None:
+            latency = speedup = "measuring…"
+        else:
+            median, low, high = timing.latency(run)
+            latency = f"{1000 * median:.0f} ({1000 * low:.0f}–{1000 * high:.0f})"
+            median, low, high = timing.speedup(run) if run != "ar" else (1.0, 1.0, 1.0)
+            speedup = f"**{median:.2f}x** ({low:.2f}–{high:.2f})" if run != "ar" else "1.00x"
+        if stats is None:  # AR: one target forward per token, no drafts, lossless
+            tokens = result.method.stats.tokens
+            rows.append(f"| {label} | {latency} | {speedup} | 1.00 | {tokens} | 0 | 0 |")
+        else:
+            rows.append(f"| {label} | {latency} | {speedup} | {stats.tau:.2f} | {stats.target_forwards} | "
+                        f"{stats.drafter_forwards} | {stats.relaxation_cost:.3f} |")
+    if timing is None:
+        note = "Latencies are being measured: AR, Eagle-1 and this method, interleaved, in this request."
+    else:
+        note = (f"Latency: median (min–max) of {timing.repeats} interleaved repeats of AR, Eagle-1 and this method "
+                f"in this request, {timing.threads} torch thread{'s' * (timing.threads > 1)}. Speed-up: median AR "
+                "latency / median latency (min–max of the per-repeat ratios). tau: tokens per target forward.")
+    return "\n".join(rows) + f"\n\n<small>{note}</small>"
+
+
+def grid_of(bundle: Bundle) -> tuple[int, int]:
+    return bundle.config.grid_height, bundle.config.grid_width
+
+
+def figures(bundle: Bundle, result: Comparison) -> dict:
+    """Every figure of the results panel."""
+    label = result.request.label
+    runs = [(label, result.method.stats)]
+    if result.request.method != "eagle":
+        runs.append(("Eagle-1", result.eagle.stats))
+    omegas = result.method.stats.omegas if result.request.method in ("cool", "uniform") else None
+    grid = grid_of(bundle)
+    return {
+        "per_position": plots.per_position(runs, omegas),
+        "lengths": plots.accepted_lengths(runs),
+        "map_method": plots.acceptance_map(result.images["method"], result.method.stats, grid, label),
+        "map_eagle": plots.acceptance_map(result.images["eagle"], result.eagle.stats, grid, "Eagle-1 (lossless)"),
+    }
+
+
+def replay_figure(bundle: Bundle, result: Comparison, round_index: int):
+    return plots.replay(result.images["method"], result.method.stats, grid_of(bundle), round_index)
+
+
+def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, source: str, toy_seed: int = 0):
+    """Exact beta_i, e_i, E[N] and TV bound under the current sliders, for the (p, q) pairs captured along the
+    last Eagle-1 run (each pair evaluated exactly, averaged per position) or for random toy pairs."""
+    if request.method == "ar":
+        raise ValueError("AR drafts nothing: choose a speculative method to see its theory")
+    depth, rule = request.tree.depth, request.rule
+    if source == "toy" or result is None:
+        p, q = toy_chain(vocab=16, length=depth, seed=toy_seed)
+        table = chain_theory(p, q, rule)
+        note = f"toy: Dirichlet(0.5) target/draft pairs over 16 tokens (seed {toy_seed})"
+    else:
+        captured = result.eagle.stats.captured
+        table = captured_theory(captured, rule, depth)
+        counts = ", ".join(str(n) for n in table["pairs"])
+        note = (f"{len(captured)} (p, q) pairs captured along the last Eagle-1 run (per position: {counts}); "
+                "each evaluated exactly under the current rule, then averaged per position")
+    return plots.theory(table, request.label), table, note
+
+
+def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -> str:
+    """COOL-SD's ``mu`` (computed, under auto) and ``omega_1..omega_L`` at the current sliders, or why they are
+    invalid (empty for other methods). Never raises: it runs on every slider move."""
+    if method != "COOL-SD":
+        return ""
+    try:
+        auto = flag("mu auto", mu_auto)
+        depth = parse_draft(choice("draft structure", draft, DRAFTS)).depth
+        schedule = choice("schedule", schedule, SCHEDULES)
+        nu, mu = check("nu", nu), "auto" if auto else check("mu", mu)
+        omegas = omega_schedule(check("delta", delta), nu, mu, depth, schedule)
+        mu_value = resolve_mu(nu, mu, depth, schedule)
+    except ValueError as error:
+        return f"⚠️ *{error}*"
+    mu_text = f"μ = {mu_value:.4g} (auto: mean ω = δ)" if auto else f"μ = {mu_value:.4g}"
+    return f"{mu_text}; ω_1..ω_{depth}: " + ", ".join(f"{w:.2f}" for w in omegas)
+
+
+def theory_markdown(table: dict, note: str) -> str:
+    rows = ["| position i | omega_i | beta_i | e_i | P(reach i) |", "|---|---|---|---|---|"]
+    rows += [f"| {d} | {w:.3f} | {b:.4f} | {e:.4f} | {r:.4f} |"
+             for d, w, b, e, r in zip(table["depth"], table["omega"], table["beta"], table["cost"], table["reach"])]
+    return (f"E[N] = **{table['expected_accepted']:.3f}** accepted drafts per round "
+            f"(**{table['expected_tokens']:.3f}** tokens per target forward); TV bound per round = "
+            f"**{table['tv_bound']:.4f}**.\n\n*Source:* {note}.\n\n" + "\n".join(rows))
+
+
+def load_bench(bundle: Bundle) -> dict:
+    """The benchmark shipped in the bundle's directory, if any (read once per bundle)."""
+    return _read_bench(bundle.path / BENCH_FILE) if bundle.path is not None else {}
+
+
+@functools.cache
+def _read_bench(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def measured_point(bundle: Bundle, request: Request, metric: str) -> tuple[float, float] | None:
+    """``(tau, metric)`` of the benchmark run made with exactly this setting: same model, sampling, draft and
+    rule parameters (defaults filled in), or None when the benchmark did not measure it."""
+    bench = load_bench(bundle)
+    if bench.get("model") != bundle.name or bench.get("sampling") != request.sampling.to_dict():
+        return None
+    wanted = request.rule.params()
+    for run in bench.get("runs", []):
+        if run["method"] != request.method or run.get(metric) is None:
+            continue
+        if request.method != "ar" and run["draft"] != request.draft:
+            continue
+        depth = parse_draft(run["draft"]).depth if request.method != "ar" else 0
+        if build_rule(run["method"], run["params"], depth, bundle.neighbours).params() == wanted:
+            return run["tau"], run[metric]
+    return None
+
+
+def tradeoff_figure(bundle: Bundle, result: Comparison | None, metric: str = "fid"):
+    """The shipped benchmark's quality/speed points, with the current setting starred when it was measured."""
+    runs = load_bench(bundle).get("runs", [])
+    if not runs:
+        return None
+    current = measured_point(bundle, result.request, metric) if result is not None else None
+    return plots.tradeoff(runs, current, y_key=metric)
+
+
+def png_base64(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def api_payload(result: Comparison) -> dict:
+    """JSON for API users: both images (PNG base64 and raw pixels), the tokens, and the statistics."""
+    def run(generation: Generation, pixels: np.ndarray) -> dict:
+        return {"tokens": generation.tokens, "pixels": pixels.tolist(), "png_base64": png_base64(pixels),
+                "stats": generation.stats.to_dict(rounds=False)}
+    return {"method": run(result.method, result.images["method"]), "eagle": run(result.eagle, result.images["eagle"]),
+            "timing": result.timing.to_dict() if result.timing is not None else None}
