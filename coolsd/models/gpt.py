@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.interface import Prefix
+from ..core.params import shorten
 from .config import ModelConfig
 
 
@@ -38,6 +40,9 @@ class Caption:
 
     def describe(self) -> dict:
         return {"caption": self.text, "caption_tokens": int(self.valid.sum())}
+
+    def __repr__(self) -> str:
+        return f"Caption({self.text!r}, {int(self.valid.sum())} of {len(self.valid)} slots)"
 
 
 def rope_table(cfg: ModelConfig, zero_rows: int | None = None) -> Tensor:
@@ -226,6 +231,29 @@ class CaptionEmbedder(nn.Module):
         return self.cap_proj.fc2(F.gelu(self.cap_proj.fc1(features), approximate="tanh"))
 
 
+def check_class(condition: "ClassLabel | int", cfg: ModelConfig) -> int:
+    """A class model's condition: a ClassLabel or a plain class index in range."""
+    class_id = condition.class_id if isinstance(condition, ClassLabel) else condition
+    if isinstance(class_id, bool) or not isinstance(class_id, (int, np.integer)) or \
+            not 0 <= class_id < cfg.num_classes:
+        raise ValueError(f"class must be an integer in [0, {cfg.num_classes - 1}], got {shorten(condition)}")
+    return int(class_id)
+
+
+def check_caption(condition: "Caption", cfg: ModelConfig) -> "Caption":
+    """A text model's condition: features (P, caption_dim) and a bool padding mask (P,)."""
+    if not isinstance(condition, Caption):
+        raise ValueError(f"this text-to-image model needs a caption, got {shorten(condition)}")
+    slots = cfg.cls_token_num
+    if tuple(condition.features.shape) != (slots, cfg.caption_dim):
+        raise ValueError(f"caption features must have shape ({slots}, {cfg.caption_dim}), "
+                         f"got {tuple(condition.features.shape)}")
+    if condition.valid.dtype != torch.bool or tuple(condition.valid.shape) != (slots,):
+        raise ValueError(f"caption mask must be a bool tensor of shape ({slots},), got "
+                         f"{condition.valid.dtype} {tuple(condition.valid.shape)}")
+    return condition
+
+
 class Transformer(nn.Module):
     """The target model: ``P`` prefix positions (a class token, or caption slots), then image token ``i`` at
     position ``P + i`` (spec sections 5 and 7)."""
@@ -291,17 +319,12 @@ class Transformer(nn.Module):
         checkpoint's unconditional caption with the same padding mask (as LlamaGen samples)."""
         cfg = self.config
         device = self.output.weight.device
-        if isinstance(condition, int):
-            condition = ClassLabel(condition)
         if cfg.text_conditioned:
-            if not isinstance(condition, Caption):
-                raise ValueError(f"this text-to-image model needs a caption, got {condition!r}")
-            features = torch.stack([condition.features.to(device), self.cls_embedding.uncond_embedding])[:rows]
+            caption = check_caption(condition, cfg)
+            features = torch.stack([caption.features.to(device), self.cls_embedding.uncond_embedding])[:rows]
             embeds = self.cls_embedding(features.to(self.output.weight.dtype))
-            return Prefix(embeds, condition.valid.to(device)[None].expand(rows, -1))
-        if not isinstance(condition, ClassLabel) or not 0 <= condition.class_id < cfg.num_classes:
-            raise ValueError(f"class must be an integer in [0, {cfg.num_classes - 1}], got {condition!r}")
-        labels = torch.tensor([condition.class_id, cfg.null_class][:rows], device=device)
+            return Prefix(embeds, caption.valid.to(device)[None].expand(rows, -1))
+        labels = torch.tensor([check_class(condition, cfg), cfg.null_class][:rows], device=device)
         return Prefix(self.cls_embedding(labels)[:, None, :])
 
     def sequence_inputs(self, prefix: Prefix, tokens: Tensor) -> Tensor:
