@@ -38,6 +38,7 @@ import gradio as gr  # noqa: E402
 
 from coolsd.app import session, views  # noqa: E402
 from coolsd.core.params import PARAMS, check, clip  # noqa: E402
+from coolsd.core.rules import param as method_param  # noqa: E402
 from coolsd.models.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: the GPU is attached only inside functions wrapped by spaces.GPU
@@ -62,8 +63,15 @@ BUNDLE = load_model()
 if spaces is None:  # on ZeroGPU, CUDA work may only run inside spaces.GPU functions
     say("warming up")
     session.warm_up(BUNDLE)
-DEFAULTS = {"method": "COOL-SD", "delta": PARAMS["delta"].default, "nu": PARAMS["nu"].default, "mu_auto": True,
-            "mu": PARAMS["mu"].default, "k": PARAMS["k"].default, "lam": PARAMS["lambda"].default,
+
+
+def schema(name: str):
+    """A parameter's one definition: the rule registry's for method parameters, coolsd.core.params' for others."""
+    return PARAMS[name] if name in PARAMS else method_param(name)
+
+
+DEFAULTS = {"method": "COOL-SD", "delta": schema("delta").default, "nu": schema("nu").default, "mu_auto": True,
+            "mu": 0.0, "k": schema("k").default, "lam": schema("lambda").default,
             "draft": "chain:5", "class_name": BUNDLE.class_names[1], "seed": 0, "cfg": BUNDLE.sampling.cfg_scale,
             "temperature": BUNDLE.sampling.temperature, "top_k": BUNDLE.sampling.top_k,
             "top_p": BUNDLE.sampling.top_p, "schedule": "exp"}
@@ -102,9 +110,10 @@ The trade-off figure shows the shipped benchmark; FID differences of about ±1 a
 def slider(name: str, **kwargs) -> gr.Slider:
     """A slider whose range, step, default and label come from ``coolsd.params``, the one definition that the
     API and the command line check too."""
-    param = PARAMS[name]
+    param = schema(name)
     maximum = kwargs.pop("maximum", param.high)
-    return gr.Slider(param.low, maximum, **{"value": param.default, "step": param.step, "label": param.label, **kwargs})
+    start = param.default if not isinstance(param.default, str) else min(max(0, param.low), maximum)  # mu: auto
+    return gr.Slider(param.low, maximum, **{"value": start, "step": param.step, "label": param.label, **kwargs})
 
 
 def checked(compute):
@@ -218,7 +227,7 @@ def on_mu_auto(mu_auto, nu, draft, schedule):
         value = session.auto_mu(nu, draft, schedule)
     except ValueError:
         return gr.update(visible=True)
-    param = PARAMS["mu"]
+    param = schema("mu")
     return gr.update(visible=True, value=round(min(max(value, param.low), param.high), 2))
 
 

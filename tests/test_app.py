@@ -11,6 +11,7 @@ from PIL import Image
 import app
 from coolsd.app import plots, session, views
 from coolsd.core.params import PARAMS
+from coolsd.core.rules import param as method_param
 from coolsd.core.rules import resolve_mu
 from coolsd.core.trees import parse_draft
 
@@ -162,9 +163,9 @@ def test_controls_shown_per_method():
 def test_mu_auto_never_pushes_the_slider_out_of_range(schedule):
     """Under "auto", mu can leave the slider's range (chain:8, nu=-1 gives 6.38); the slider is then hidden and
     the value is shown as text, and unticking auto starts the slider inside its range."""
-    param = PARAMS["mu"]
+    param = method_param("mu")
     for draft in session.DRAFTS:
-        for nu in np.round(np.arange(PARAMS["nu"].low, PARAMS["nu"].high + 1e-9, 0.05), 2):
+        for nu in np.round(np.arange(method_param("nu").low, method_param("nu").high + 1e-9, 0.05), 2):
             hidden = app.on_mu_auto(True, nu, draft, schedule)
             assert hidden["visible"] is False and "value" not in hidden
             shown = app.on_mu_auto(False, nu, draft, schedule)
@@ -258,7 +259,7 @@ def test_ui_and_api_ranges_are_the_one_definition():
                "cfg_scale": app.cfg, "temperature": app.temperature, "top_p": app.top_p}
     names = {"lambda": "lam", "cfg_scale": "cfg"}
     for name, component in sliders.items():
-        param = PARAMS[name]
+        param = app.schema(name)
         assert (component.minimum, component.maximum, component.step) == (param.low, param.high, param.step)
         method = "LANTERN++" if name in ("k", "lambda") else "COOL-SD"
         extra = {"mu_auto": False} if name == "mu" else {}

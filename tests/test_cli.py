@@ -11,7 +11,8 @@ from PIL import Image
 
 from coolsd.cli import bench, generate
 from coolsd.cli.methods import parse_method
-from coolsd.core.params import check
+from coolsd.core.params import PARAMS
+from coolsd.core.rules import param as method_param
 from coolsd.core.trees import parse_draft
 from coolsd.models.bundle import random_bundle
 
@@ -86,6 +87,11 @@ def test_parse_method():
     assert parse_method("lantern:k=10,lambda=5,residual=gstar") == ("lantern", {"k": 10, "lambda": 5,
                                                                                 "residual": "gstar"})
     assert parse_method("cool:delta=2,mu=auto") == ("cool", {"delta": 2, "mu": "auto"})
+
+
+def check(name: str, value):
+    """The one definition's verdict on a value: coolsd.core.params, or the rule registry's schema."""
+    return (PARAMS[name] if name in PARAMS else method_param(name)).check(value)
 
 
 def one_line_error(capsys) -> str:

@@ -8,6 +8,7 @@ import torch
 
 from coolsd.core.params import PARAMS, check, shorten
 from coolsd.core.rules import omega_schedule
+from coolsd.core.rules import param as method_param
 from coolsd.models.bundle import set_threads
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,18 +25,18 @@ def test_every_range_is_documented_in_the_readme():
 
 
 def test_check_names_the_parameter_the_shortened_value_and_the_range():
-    assert check("delta", "2.5") == 2.5 and check("k", 3.0) == 3 and isinstance(check("k", 3.0), int)
+    assert method_param("delta").check("2.5") == 2.5 and method_param("k").check(3.0) == 3 and isinstance(method_param("k").check(3.0), int)
     with pytest.raises(ValueError, match=r"^delta must be between 0.05 and 5, got 5.5$"):
-        check("delta", 5.5)
+        method_param("delta").check(5.5)
     with pytest.raises(ValueError, match="k must be a whole number"):
-        check("k", 2.5)
+        method_param("k").check(2.5)
     with pytest.raises(ValueError, match="must be a finite number"):
-        check("nu", float("inf"))
+        method_param("nu").check(float("inf"))
     for bad in (True, [1], {"a": 1}, None, ""):
         with pytest.raises(ValueError, match="delta"):
-            check("delta", bad)
+            method_param("delta").check(bad)
     with pytest.raises(ValueError) as error:
-        check("delta", "9" * 1_000_000)
+        method_param("delta").check("9" * 1_000_000)
     assert len(str(error.value)) < 120 and "(1000002 chars)" in str(error.value)
     assert len(shorten("x" * 10_000)) <= 40
     with pytest.raises(ValueError, match="top_k must be between 0 and 512"):

@@ -18,6 +18,8 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 from matplotlib.transforms import Bbox
 
+from ..core.params import Choice
+from ..core.rules import RULES
 from ..core.stats import BONUS, DRAFT, FIRST, RESAMPLED, TARGET, GenerationStats
 
 METHOD_COLOR, EAGLE_COLOR, OMEGA_COLOR, ACCEPTED_COLOR = "#d95f02", "#1b9e77", "#7570b3", "#1b9e77"
@@ -51,46 +53,63 @@ def _integer_ticks(*axes) -> None:
         axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
-# Names the app shows --------------------------------------------------------------------------------------
-METHOD_NAMES = {"cool": "COOL-SD", "uniform": "UniformRSD", "lantern": "LANTERN++", "eagle": "Eagle-1 (lossless)",
-                "ar": "AR (no drafting)"}
+# Names the app shows: from the rule registry ------------------------------------------------------------
 SYMBOLS = {"delta": "δ", "nu": "ν", "mu": "μ", "lambda": "λ"}
-SWEPT = ("delta", "k", "lambda")  # the strength of a relaxation: varies along a family's line
+
+
+def _variant(method: str, params: dict | None) -> tuple[str, dict]:
+    """The app's entry for a method and its parameters: (label, the parameters that entry fixes)."""
+    spec = RULES.get(method)
+    if spec is None:
+        return method, {}
+    for label, fixed in spec.variants.items():
+        if all((params or {}).get(key) == value for key, value in fixed.items()):
+            return label, fixed
+    return spec.label, {}
 
 
 def method_name(method: str, params: dict | None = None) -> str:
-    """The app's label for an internal method name (see ``session.METHODS``), so figures speak the UI's language."""
-    if method == "lantern" and (params or {}).get("residual") == "gstar":
-        return "LANTERN++ with G*"
-    return METHOD_NAMES.get(method, method)
+    """The app's label for an internal method name, so figures speak the UI's language."""
+    return _variant(method, params)[0]
 
 
-def _parameter(key: str, value) -> str:
-    """``δ=2`` for a parameter; a schedule shows as its bare name (``linear``)."""
-    return str(value) if key == "schedule" else f"{SYMBOLS.get(key, key)}={value}"
+def swept(method: str) -> tuple[str, ...]:
+    """The parameters whose values vary along one of the method's lines (its relaxation strength)."""
+    return RULES[method].swept if method in RULES else ()
+
+
+def _named(method: str, key: str) -> bool:
+    """Whether the parameter takes named values (a schedule): shown bare, after the numbers."""
+    return method in RULES and isinstance(next((p for p in RULES[method].params if p.name == key), None), Choice)
+
+
+def _parameter(method: str, key: str, value) -> str:
+    """``δ=2`` for a parameter; a named value shows bare (``linear``)."""
+    return str(value) if _named(method, key) else f"{SYMBOLS.get(key, key)}={value}"
 
 
 def family(run: dict) -> str:
     """A benchmark run's series: its method and every parameter except the relaxation strength (internal names;
     :func:`family_name` is what the figure shows)."""
-    fixed = ", ".join(f"{key}={value}" for key, value in sorted(run["params"].items()) if key not in SWEPT)
+    fixed = ", ".join(f"{key}={value}" for key, value in sorted(run["params"].items())
+                      if key not in swept(run["method"]))
     return f"{run['method']} ({fixed})" if fixed else run["method"]
 
 
 def family_name(run: dict) -> str:
     """A series' display name: the app's method name plus the fixed parameters, e.g. ``COOL-SD (ν=0.3, linear)``."""
     params = run["params"]
-    keys = sorted(params, key=lambda key: (key == "schedule", key))  # "COOL-SD (ν=0.3, linear)": schedule last
-    fixed = [_parameter(key, params[key]) for key in keys
-             if key not in SWEPT and key != "residual"]  # residual is already in the name (LANTERN++ with G*)
-    name = method_name(run["method"], params)
+    name, in_name = _variant(run["method"], params)
+    keys = sorted(params, key=lambda key: (_named(run["method"], key), key))  # "COOL-SD (ν=0.3, linear)"
+    fixed = [_parameter(run["method"], key, params[key]) for key in keys
+             if key not in swept(run["method"]) and key not in in_name]
     return f"{name} ({', '.join(fixed)})" if fixed else name
 
 
 def point_label(run: dict) -> str:
     """What varies along a series at this point (``δ=2``, ``k=10, λ=5``); the method for a lone point."""
-    swept = [_parameter(key, run["params"][key]) for key in SWEPT if key in run["params"]]
-    return ", ".join(swept) if swept else method_name(run["method"], run["params"]).split(" (")[0]
+    varied = [_parameter(run["method"], key, run["params"][key]) for key in swept(run["method"]) if key in run["params"]]
+    return ", ".join(varied) if varied else method_name(run["method"], run["params"]).split(" (")[0]
 
 
 # Per-generation figures -----------------------------------------------------------------------------------

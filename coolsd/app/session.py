@@ -13,26 +13,14 @@ import torch
 
 from ..core.decode import Generation, generate
 from ..core.params import check, shorten
-from ..core.rules import (
-    AR,
-    AcceptanceRule,
-    Eagle,
-    build_rule,
-    resolve_mu,
-)
+from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig
 from ..core.trees import TREES, DraftTree, chain, parse_draft
 from ..models.bundle import Bundle
 
-# UI label -> (method, fixed parameters)
-METHODS: dict[str, tuple[str, dict]] = {
-    "COOL-SD": ("cool", {}),
-    "UniformRSD": ("uniform", {}),
-    "LANTERN++": ("lantern", {"residual": "lantern"}),
-    "LANTERN++ with G*": ("lantern", {"residual": "gstar"}),
-    "Eagle-1 (lossless)": ("eagle", {}),
-    "AR (no drafting)": ("ar", {}),
-}
+# UI label -> (method, fixed parameters), from the rule registry
+METHODS: dict[str, tuple[str, dict]] = {label: (spec.name, fixed) for spec in RULES.values()
+                                        for label, fixed in spec.entries().items()}
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES]
 SCHEDULES = ("exp", "linear")
 TIMING_REPEATS = 5
@@ -82,14 +70,14 @@ def parse_request(bundle: Bundle, method: str, delta, nu, mu_auto, mu, k, lam, d
     choice("schedule", schedule, SCHEDULES)
     params: dict = dict(fixed)
     if name in ("cool", "uniform"):
-        params["delta"] = check("delta", delta)
+        params["delta"] = param("delta").check(delta)
     if name == "cool":
-        params["nu"] = check("nu", nu)
-        params["mu"] = "auto" if flag("mu auto", mu_auto) else check("mu", mu)
+        params["nu"] = param("nu").check(nu)
+        params["mu"] = "auto" if flag("mu auto", mu_auto) else param("mu").check(mu)
         params["schedule"] = schedule
     if name == "lantern":
-        params["k"] = check("k", k)
-        params["lambda"] = check("lambda", lam)
+        params["k"] = param("k").check(k)
+        params["lambda"] = param("lambda").check(lam)
     sampling = SamplingConfig(cfg_scale=check("cfg_scale", cfg_scale), temperature=check("temperature", temperature),
                               top_k=check("top_k", top_k, high=bundle.config.vocab_size), top_p=check("top_p", top_p))
     tree = parse_draft(draft)
@@ -204,5 +192,5 @@ def warm_up(bundle: Bundle) -> None:
 
 def auto_mu(nu, draft: str, schedule: str = "exp") -> float:
     """The value ``mu="auto"`` stands for at the current ``nu``, draft depth and schedule."""
-    return resolve_mu(check("nu", nu), "auto", parse_draft(choice("draft structure", draft, DRAFTS)).depth,
+    return resolve_mu(param("nu").check(nu), "auto", parse_draft(choice("draft structure", draft, DRAFTS)).depth,
                       choice("schedule", schedule, SCHEDULES))

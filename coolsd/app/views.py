@@ -13,8 +13,7 @@ import numpy as np
 from PIL import Image
 
 from ..core.decode import Generation
-from ..core.params import check
-from ..core.rules import build_rule, omega_schedule, resolve_mu
+from ..core.rules import RULES, build_rule, omega_schedule, param, resolve_mu
 from ..core.theory import captured_theory, chain_theory, toy_chain
 from ..core.trees import parse_draft
 from ..models.bundle import Bundle
@@ -117,8 +116,8 @@ def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -
         auto = flag("mu auto", mu_auto)
         depth = parse_draft(choice("draft structure", draft, DRAFTS)).depth
         schedule = choice("schedule", schedule, SCHEDULES)
-        nu, mu = check("nu", nu), "auto" if auto else check("mu", mu)
-        omegas = omega_schedule(check("delta", delta), nu, mu, depth, schedule)
+        nu, mu = param("nu").check(nu), "auto" if auto else param("mu").check(mu)
+        omegas = omega_schedule(param("delta").check(delta), nu, mu, depth, schedule)
         mu_value = resolve_mu(nu, mu, depth, schedule)
     except ValueError as error:
         return f"⚠️ *{error}*"
@@ -155,9 +154,10 @@ def measured_point(bundle: Bundle, request: Request, metric: str) -> tuple[float
     for run in bench.get("runs", []):
         if run["method"] != request.method or run.get(metric) is None:
             continue
-        if request.method != "ar" and run["draft"] != request.draft:
+        drafts = RULES[request.method].drafts
+        if drafts and run["draft"] != request.draft:
             continue
-        depth = parse_draft(run["draft"]).depth if request.method != "ar" else 0
+        depth = parse_draft(run["draft"]).depth if drafts else 0
         if build_rule(run["method"], run["params"], depth, bundle.neighbours).params() == wanted:
             return run["tau"], run[metric]
     return None

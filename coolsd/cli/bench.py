@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from ..core.decode import EMPTY, Generation, generate
 from ..core.params import Param
-from ..core.rules import AcceptanceRule, build_rule
+from ..core.rules import RULES, AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.trees import DraftTree, parse_draft, usable_depth
 from ..models.bundle import Bundle
@@ -142,7 +142,7 @@ def summarise(name: str, params: dict, gens: list[Generation], latency: list[flo
     phase = {k: sum(s.seconds[k] for s in stats) for k in ("drafting", "target_forward", "acceptance", "other")}
     record = {
         "method": name, "params": params, "label": method_label(name, params),
-        "draft": "none" if name == "ar" else draft,
+        "draft": draft if RULES[name].drafts else "none",
         "tau": float(np.mean([s.tau for s in stats])),
         "target_forwards_per_image": float(np.mean([s.target_forwards for s in stats])),
         "drafter_forwards_per_image": float(np.mean([s.drafter_forwards for s in stats])),
@@ -176,7 +176,7 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     labels = []
     for spec in args.methods:
         name, params = parse_method(spec)
-        check_rule(name, params, (EMPTY if name == "ar" else args.tree).depth, args.info.config.vocab_size)
+        check_rule(name, params, (args.tree if RULES[name].drafts else EMPTY).depth, args.info.config.vocab_size)
         if method_label(name, params) in labels:
             raise ValueError(f"method {method_label(name, params)} is listed twice")
         labels.append(method_label(name, params))

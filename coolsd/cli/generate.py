@@ -21,8 +21,8 @@ import torch
 from PIL import Image
 
 from ..core.decode import EMPTY, generate
-from ..core.params import Param, check, shorten
-from ..core.rules import METHODS, build_rule
+from ..core.params import Choice, Param, check, shorten
+from ..core.rules import RULES, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.trees import parse_draft, usable_depth
 from ..models.bundle import (
@@ -35,7 +35,6 @@ from ..models.bundle import (
 from ..models.config import CONFIGS, ModelConfig
 from .methods import check_param, check_rule, parse_value
 
-METHOD_OPTIONS = ("delta", "nu", "mu", "schedule", "k", "lambda", "residual")
 SAMPLING_OPTIONS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 # Command-line-only ranges, in the same form (and error messages) as coolsd.params. A PNG enlarged 64x is
@@ -174,10 +173,19 @@ def class_index(class_names: list[str], label: str) -> int:
                      f"got {shorten(label)}")
 
 
+def method_options() -> dict:
+    """Every parameter some registered method takes, by name (the first method's schema wins for a shared name)."""
+    options: dict = {}
+    for spec in RULES.values():
+        for param in spec.params:
+            options.setdefault(param.name, param)
+    return options
+
+
 def method_params(args: argparse.Namespace) -> dict:
-    """The method options given, each checked against coolsd.params (``mu``: a number or ``auto``)."""
-    given = {name: getattr(args, name.replace("lambda", "lam")) for name in METHOD_OPTIONS}
-    return {name: check_param(name, value) for name, value in given.items() if value is not None}
+    """The method options given, each checked against the chosen method's schema."""
+    given = {name: getattr(args, f"param_{name}") for name in method_options()}
+    return {name: check_param(args.method, name, value) for name, value in given.items() if value is not None}
 
 
 def check_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -188,7 +196,7 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     check_model_args(args)
     args.class_id = class_index(args.info.class_names, args.class_label)
     args.params = method_params(args)
-    tree = EMPTY if args.method == "ar" else args.tree
+    tree = args.tree if RULES[args.method].drafts else EMPTY
     check_rule(args.method, args.params, tree.depth, args.info.config.vocab_size)
     return args
 
@@ -201,12 +209,15 @@ def save_image(pixels: np.ndarray, path: Path, scale: int = 8) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m coolsd.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--method", choices=METHODS, default="cool")
-    for name in ("delta", "nu", "k", "lambda"):
-        parser.add_argument(f"--{name}", default=None, dest=name.replace("lambda", "lam"))
-    parser.add_argument("--mu", default=None, help="a number, or auto (the mean omega equals delta)")
-    parser.add_argument("--schedule", choices=["exp", "linear"], default=None)
-    parser.add_argument("--residual", choices=["gstar", "lantern"], default=None)
+    parser.add_argument("--method", choices=list(RULES), default="cool",
+                        help="; ".join(f"{spec.name}: {spec.label}" for spec in RULES.values()))
+    for name, param in method_options().items():  # from the rule registry
+        takers = ", ".join(spec.name for spec in RULES.values() if any(p.name == name for p in spec.params))
+        text = f"({takers}) {param.help}".strip()
+        if isinstance(param, Choice):
+            parser.add_argument(f"--{name}", choices=param.choices, default=None, dest=f"param_{name}", help=text)
+        else:
+            parser.add_argument(f"--{name}", default=None, dest=f"param_{name}", help=text)
     parser.add_argument("--class", dest="class_label", default="0", help="class index or name")
     parser.add_argument("--out", type=Path, default=None, help="image file (PNG, or another common format)")
     parser.add_argument("--scale", default=str(SCALE.default), help="enlargement of the image (nearest neighbour)")

@@ -1,13 +1,12 @@
-"""Method specifications as users type them: ``cool:delta=2,nu=0.7`` or ``lantern:k=10,lambda=5,residual=gstar``."""
+"""Method specifications as users type them: ``cool:delta=2,nu=0.7`` or ``lantern:k=10,lambda=5,residual=gstar``.
+Names and parameters come from the rule registry (:data:`coolsd.core.rules.RULES`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..core.params import PARAMS, check, shorten
-from ..core.rules import METHODS, build_rule
-
-NUMERIC = ("delta", "nu", "mu", "k", "lambda")  # the method parameters whose ranges live in coolsd.params
+from ..core.params import Param, shorten
+from ..core.rules import RULES, build_rule, rule_spec
 
 
 def parse_value(text: str) -> int | float | str:
@@ -20,38 +19,33 @@ def parse_value(text: str) -> int | float | str:
     return text
 
 
-def check_param(key: str, value: int | float | str) -> int | float | str:
-    """A method parameter checked against :mod:`coolsd.params` (``mu`` may also be ``auto``); others
-    (``schedule``, ``residual``) pass through for the rule to check. Integer parameters come back as ints;
-    other numbers keep the type they were typed in, so labels read ``delta=2`` as typed."""
-    if key not in NUMERIC or (key == "mu" and value == "auto"):
-        return value
-    try:
-        number = check(key, value)
-    except ValueError as error:
-        raise ValueError(f"{error}; or auto" if key == "mu" else str(error)) from None
-    return number if PARAMS[key].integer or isinstance(value, str) else value
+def check_param(method: str, key: str, value: int | float | str) -> int | float | str:
+    """One parameter of ``method`` checked against its schema. Numbers keep the type they were typed in (unless
+    the parameter is whole), so labels read ``delta=2`` as typed."""
+    schema = rule_spec(method).param(key)
+    checked = schema.check(value)
+    keep_typed = isinstance(schema, Param) and not schema.integer and isinstance(value, (int, float))
+    return value if keep_typed else checked
 
 
 def parse_method(spec: str) -> tuple[str, dict]:
-    """``name[:key=value,...]`` -> (name, params), numeric values within the app's ranges."""
+    """``name[:key=value,...]`` -> (name, params), each value checked against the method's schema."""
     name, _, rest = spec.strip().partition(":")
-    if name not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {shorten(name)} in {shorten(spec)}")
+    if name not in RULES:
+        raise ValueError(f"method must be one of {', '.join(RULES)}; got {shorten(name)} in {shorten(spec)}")
     params = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"method parameters look like key=value, got {shorten(item)} in {shorten(spec)}")
-        params[key.strip()] = check_param(key.strip(), parse_value(value.strip()))
+        params[key.strip()] = check_param(name, key.strip(), parse_value(value.strip()))
     return name, params
 
 
 def check_rule(name: str, params: dict, depth: int, vocab_size: int) -> None:
     """Build the method's acceptance rule once, with a stand-in for LANTERN++'s neighbour table (as wide as
-    the model's vocabulary allows), so that everything the rule itself refuses (a parameter the method does
-    not take, an unknown schedule or residual, a too steep linear ``nu``, a ``k`` beyond the vocabulary) is
-    refused before a model is loaded."""
+    the model's vocabulary allows), so that everything the rule itself refuses (a too steep linear ``nu``, a
+    ``k`` beyond the vocabulary) is refused before a model is loaded."""
     def neighbours(count: int) -> np.ndarray:
         return np.zeros((1, min(count, vocab_size - 1)), dtype=np.int64)
 

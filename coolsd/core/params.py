@@ -1,5 +1,7 @@
-"""The one definition of every user-facing parameter's range: the app's sliders, its API, ``generate`` and
-``bench`` all check values here, and the README's parameter table lists the same numbers."""
+"""Parameter checking: one validation helper (:func:`number`) and the schema types a rule's parameters are
+declared with (:class:`Param`, :class:`Choice`). The rule registry (:mod:`coolsd.core.rules`) holds the method
+parameters; :data:`PARAMS` holds the others (sampling, seed, timing). The app's controls, its API, ``generate``
+and ``bench`` all check values here, and the README's parameter table lists the same numbers."""
 
 from __future__ import annotations
 
@@ -19,50 +21,87 @@ def shorten(value: Any, limit: int = 40) -> str:
     return clip(repr(value), limit)
 
 
+def number(name: str, value: Any, low: float | None = None, high: float | None = None, *, integer: bool = False,
+           above: float | None = None) -> int | float:
+    """``value`` as a finite number (numeric strings accepted; never a bool), whole if ``integer``, within
+    ``[low, high]`` and ``> above`` where given; else a ValueError naming the parameter, the (shortened) value
+    and what is allowed. Every numeric check of the project goes through here."""
+    allowed = describe_range(low, high, above)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{name} is missing (allowed: {allowed})")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) and not hasattr(value, "__index__"):
+        raise ValueError(f"{name} must be a number, got {shorten(value)}")
+    if integer and not isinstance(value, (str, float)):
+        number_value = int(value)  # exact, even beyond float precision (seeds up to 2^63)
+    else:
+        try:
+            number_value = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{name} must be a number, got {shorten(value)}") from None
+        if not math.isfinite(number_value):
+            raise ValueError(f"{name} must be a finite number, got {shorten(value)}")
+        if integer:
+            if number_value != int(number_value):
+                raise ValueError(f"{name} must be a whole number, got {shorten(value)}")
+            number_value = int(number_value)
+    if (low is not None and number_value < low) or (high is not None and number_value > high) or \
+            (above is not None and number_value <= above):
+        raise ValueError(f"{name} must be {allowed}, got {shorten(value)}")
+    return number_value
+
+
+def describe_range(low: float | None, high: float | None, above: float | None = None) -> str:
+    """``between 0.05 and 5``, ``> 0``, ``>= 1``, or ``any finite number``."""
+    if low is not None and high is not None:
+        return f"between {low:g} and {high:g}"
+    parts = ([f"> {above:g}"] if above is not None else []) + ([f">= {low:g}"] if low is not None else []) + \
+        ([f"<= {high:g}"] if high is not None else [])
+    return " and ".join(parts) or "any finite number"
+
+
 @dataclass(frozen=True)
 class Param:
-    """A numeric parameter: its allowed closed range, default, slider step and label."""
+    """A numeric parameter: its allowed closed range, default, slider step, label and help. ``words`` are
+    non-numeric values it also takes (``mu``: ``auto``)."""
 
     name: str
     low: float
     high: float
-    default: float
+    default: float | str
     step: float
     label: str
     integer: bool = False
+    help: str = ""
+    words: tuple[str, ...] = ()
 
-    def check(self, value: Any, high: float | None = None) -> float | int:
-        """A finite number in ``[low, high]`` (numeric strings accepted), else a ValueError that names the
-        parameter, the (shortened) value and the range. ``high`` overrides the upper bound (top-k: the vocabulary)."""
-        high = self.high if high is None else high
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise ValueError(f"{self.name} is missing (allowed: {self.low:g} to {high:g})")
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ValueError(f"{self.name} must be a number, got {shorten(value)}")
-        if self.integer and isinstance(value, int):  # exact, even beyond float precision (seeds up to 2^63)
-            number = value
-        else:
-            try:
-                number = float(value)
-            except (TypeError, ValueError, OverflowError):
-                raise ValueError(f"{self.name} must be a number, got {shorten(value)}") from None
-            if not math.isfinite(number):
-                raise ValueError(f"{self.name} must be a finite number, got {shorten(value)}")
-        if self.integer:
-            if number != int(number):
-                raise ValueError(f"{self.name} must be a whole number, got {shorten(value)}")
-            number = int(number)
-        if not self.low <= number <= high:
-            raise ValueError(f"{self.name} must be between {self.low:g} and {high:g}, got {shorten(value)}")
-        return number
+    def check(self, value: Any, high: float | None = None) -> float | int | str:
+        """A number in ``[low, high]`` (or one of ``words``), else a ValueError that names the parameter, the
+        (shortened) value and the range. ``high`` overrides the upper bound (top-k: the vocabulary)."""
+        if isinstance(value, str) and value.strip().lower() in self.words:
+            return value.strip().lower()
+        try:
+            return number(self.name, value, self.low, self.high if high is None else high, integer=self.integer)
+        except ValueError as error:
+            raise ValueError(f"{error}; or {' or '.join(self.words)}" if self.words else str(error)) from None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A parameter with named values (a schedule, a residual)."""
+
+    name: str
+    choices: tuple[str, ...]
+    default: str
+    label: str
+    help: str = ""
+
+    def check(self, value: Any) -> str:
+        if not isinstance(value, str) or value not in self.choices:
+            raise ValueError(f"{self.name} must be one of: {', '.join(self.choices)}; got {shorten(value)}")
+        return value
 
 
 PARAMS: dict[str, Param] = {p.name: p for p in (
-    Param("delta", 0.05, 5.0, 2.0, 0.05, "δ (delta): total relaxation"),
-    Param("nu", -1.0, 2.0, 0.7, 0.05, "ν (nu): decay per draft position"),
-    Param("mu", -5.0, 5.0, 0.0, 0.01, "μ (mu): offset"),
-    Param("k", 0, 50, 10, 1, "LANTERN++ k (neighbours)", integer=True),
-    Param("lambda", 1.0, 10.0, 5.0, 0.1, "LANTERN++ λ (lambda)"),
     Param("cfg_scale", 0.0, 10.0, 2.0, 0.1, "CFG scale"),
     Param("temperature", 0.1, 2.0, 1.0, 0.05, "Temperature"),
     Param("top_k", 0, 1_000_000, 0, 1, "Top-k (0 = off)", integer=True),  # at most the vocabulary in practice

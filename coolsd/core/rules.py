@@ -1,32 +1,26 @@
-"""Acceptance rules (spec section 3). Each rule only says how it relaxes the target distribution.
+"""Acceptance rules (spec section 3) and their registry. Each rule only says how it relaxes the target
+distribution.
 
 With ``p_hat`` the rule's relaxed target at draft depth ``d``, a candidate ``y ~ q`` is accepted with
 probability ``f_d(y) = min(1, p_hat(y) / q(y))``, so the accepted mass is ``a = q * f = min(q, p_hat)``.
 Eagle-1 is ``p_hat = p``; UniformRSD ``delta * p``; COOL-SD ``omega_d * p``; LANTERN++ ``p~``.
 On rejection the optimal residual ``G* = Norm([p - a]_+)`` replaces ``p`` unless a rule overrides it.
-A new rule is one subclass with ``relaxed_target`` (and ``omega`` if it has a schedule).
+A new rule is one subclass with ``relaxed_target`` (and ``omega`` if it has a schedule) plus one
+:func:`register` call with its parameter schema: the command line, the benchmark's method specs, the app's
+controls and the plots read the registry.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
+from .params import Choice, Param, number, shorten
 
 
 def normalise(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -93,7 +87,7 @@ class UniformRSD(AcceptanceRule):
     name = "uniform"
 
     def __init__(self, delta: float = 1.0) -> None:
-        self.delta = _positive("delta", delta)
+        self.delta = float(number("delta", delta, above=0))
 
     def params(self) -> dict:
         return {"delta": self.delta}
@@ -108,7 +102,7 @@ class UniformRSD(AcceptanceRule):
 def resolve_mu(nu: float, mu: float | str, depth: int, schedule: str = "exp") -> float:
     """The numeric ``mu``; ``"auto"`` makes the mean of ``omega_1..omega_depth`` equal ``delta`` (spec section 3)."""
     if mu != "auto":
-        return _finite("mu", mu)
+        return float(number("mu", mu))
     if schedule == "linear":
         return -nu * (depth + 1) / 2
     return math.log(np.exp(-nu * np.arange(1, depth + 1)).mean())
@@ -136,11 +130,9 @@ def omega_schedule(delta: float, nu: float, mu: float | str, depth: int, schedul
     ``exp``: ``delta * exp(-nu d - mu)``; ``linear``: ``delta * (1 - nu d - mu)``, its first-order counterpart
     (the paper's linear-decay ablation).
     """
-    delta, nu = _positive("delta", delta), _finite("nu", nu)
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
-    if schedule not in ("exp", "linear"):
-        raise ValueError(f"schedule must be 'exp' or 'linear', got {schedule!r}")
+    delta, nu = float(number("delta", delta, above=0)), float(number("nu", nu))
+    depth = number("depth", depth, 1, integer=True)
+    SCHEDULE.check(schedule)
     auto_mu = mu == "auto"
     mu = resolve_mu(nu, mu, depth, schedule)
     d = np.arange(1, depth + 1, dtype=np.float64)
@@ -192,12 +184,8 @@ class Lantern(AcceptanceRule):
     name = "lantern"
 
     def __init__(self, neighbours: np.ndarray, k: int = 10, lam: float = 5.0, residual: str = "gstar") -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"k must be an integer >= 0, got {k!r}")
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 1:
-            raise ValueError(f"lambda must be a finite number >= 1, got {lam!r}")
-        if residual not in ("gstar", "lantern"):
-            raise ValueError(f"residual must be 'gstar' or 'lantern', got {residual!r}")
+        k, lam = number("k", k, 0, integer=True), number("lambda", lam, 1)
+        RESIDUAL.check(residual)
         if neighbours.shape[1] < k + (residual == "lantern"):
             raise ValueError(f"k={k} needs {k + 1} neighbours per code, the table has {neighbours.shape[1]}")
         self.k, self.lam, self.residual_kind = k, float(lam), residual
@@ -242,32 +230,101 @@ class Lantern(AcceptanceRule):
         return normalise(np.maximum(p - q, 0.0), p)
 
 
-RULES: dict[str, type[AcceptanceRule]] = {"eagle": Eagle, "uniform": UniformRSD, "cool": CoolSD, "lantern": Lantern}
-METHODS = ("ar", "eagle", "uniform", "cool", "lantern")
+# The registry ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RuleSpec:
+    """A method as users name it: ``build(params, depth, neighbours)`` makes its rule from checked parameters
+    (missing ones take the class's defaults), for a draft of ``depth`` positions; ``neighbours(count)`` is the
+    model's code-neighbour table (LANTERN++). ``params`` is the parameter schema (names, ranges, defaults,
+    labels, help); ``swept`` the one whose value varies along a family's line in the plots (its strength);
+    ``variants`` the app's entries with some parameters fixed (label -> fixed values); ``drafts`` False for
+    a method that drafts nothing (AR)."""
+
+    name: str
+    label: str
+    build: Callable[[dict, int, Callable | None], AcceptanceRule]
+    params: tuple[Param | Choice, ...] = ()
+    swept: tuple[str, ...] = ()
+    variants: dict[str, dict] = field(default_factory=dict)
+    help: str = ""
+    drafts: bool = True
+
+    def param(self, name: str) -> Param | Choice:
+        for spec in self.params:
+            if spec.name == name:
+                return spec
+        raise ValueError(f"method {self.name!r} takes no parameter {shorten(name)} "
+                         f"(it takes: {', '.join(p.name for p in self.params) or 'none'})")
+
+    def entries(self) -> dict[str, dict]:
+        """The app's method entries: label -> fixed parameter values."""
+        return self.variants or {self.label: {}}
 
 
-def build_rule(method: str, params: dict | None, depth: int, neighbours=None) -> AcceptanceRule:
-    """Method name + parameters -> acceptance rule. ``neighbours(count)`` gives LANTERN++'s code table."""
-    params = dict(params or {})
-    allowed = {"ar": set(), "eagle": set(), "uniform": {"delta"}, "cool": {"delta", "nu", "mu", "schedule"},
-               "lantern": {"k", "lambda", "residual"}}
-    if method not in allowed:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
-    unknown = set(params) - allowed[method]
-    if unknown:
-        raise ValueError(f"method {method!r} takes no parameter {', '.join(sorted(unknown))} "
-                         f"(it takes: {', '.join(sorted(allowed[method])) or 'none'})")
-    if method == "ar":
-        return AR()
-    if method == "eagle":
-        return Eagle()
-    if method == "uniform":
-        return UniformRSD(**params)
-    if method == "cool":
-        return CoolSD(depth=max(depth, 1), **params)
+RULES: dict[str, RuleSpec] = {}
+
+
+def register(spec: RuleSpec) -> RuleSpec:
+    """Add a method to every front end (command line, benchmark specs, app, plots)."""
+    if spec.name in RULES:
+        raise ValueError(f"a method named {spec.name!r} is already registered")
+    RULES[spec.name] = spec
+    return spec
+
+
+def rule_spec(name: str) -> RuleSpec:
+    if name not in RULES:
+        raise ValueError(f"method must be one of {', '.join(RULES)}; got {shorten(name)}")
+    return RULES[name]
+
+
+def param(name: str) -> Param | Choice:
+    """A method parameter's schema by name (from the first registered method that takes it)."""
+    for spec in RULES.values():
+        for schema in spec.params:
+            if schema.name == name:
+                return schema
+    raise KeyError(name)
+
+
+def check_params(name: str, params: dict | None) -> dict:
+    """The method's parameters checked against its schema (unknown names refused)."""
+    spec = rule_spec(name)
+    return {key: spec.param(key).check(value) for key, value in (params or {}).items()}
+
+
+def build_rule(method: str, params: dict | None, depth: int, neighbours: Callable | None = None) -> AcceptanceRule:
+    """Method name + parameters -> acceptance rule, built once per request (see :class:`RuleSpec`)."""
+    return rule_spec(method).build(check_params(method, params), depth, neighbours)
+
+
+def lantern(params: dict, depth: int, neighbours: Callable | None) -> Lantern:
     if neighbours is None:
         raise ValueError("method 'lantern' needs the tokenizer's codebook, which this model lacks")
     k = params.get("k", 10)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an integer >= 0, got {k!r}")
     return Lantern(neighbours(k + 1), k=k, lam=params.get("lambda", 5.0), residual=params.get("residual", "gstar"))
+
+
+DELTA = Param("delta", 0.05, 5.0, 2.0, 0.05, "δ (delta): total relaxation",
+              help="multiplies p/q: more acceptance, more distortion (1 = lossless)")
+SCHEDULE = Choice("schedule", ("exp", "linear"), "exp", "COOL-SD schedule of ω",
+                  help="exp: omega_d = delta exp(-nu d - mu); linear: delta (1 - nu d - mu)")
+RESIDUAL = Choice("residual", ("gstar", "lantern"), "gstar", "residual after a rejection",
+                  help="gstar: the optimal G*; lantern: the published heuristic")
+register(RuleSpec("cool", "COOL-SD", lambda params, depth, _: CoolSD(depth=max(depth, 1), **params), (
+    DELTA,
+    Param("nu", -1.0, 2.0, 0.7, 0.05, "ν (nu): decay per draft position", help="how fast omega falls with depth"),
+    Param("mu", -5.0, 5.0, "auto", 0.01, "μ (mu): offset", words=("auto",),
+          help="auto: the mean of omega_1..omega_L equals delta"),
+    SCHEDULE), swept=("delta",), help="annealed relaxation: omega_d = delta exp(-nu d - mu), resampling from G*"))
+register(RuleSpec("uniform", "UniformRSD", lambda params, depth, _: UniformRSD(**params), (DELTA,), swept=("delta",),
+                  help="the same relaxation delta at every depth"))
+register(RuleSpec("lantern", "LANTERN++", lantern, (
+    Param("k", 0, 50, 10, 1, "LANTERN++ k (neighbours)", integer=True, help="nearest codes whose mass may count"),
+    Param("lambda", 1.0, 10.0, 5.0, 0.1, "LANTERN++ λ (lambda)", help="the relaxed target stays below lambda p"),
+    RESIDUAL), swept=("k", "lambda"), variants={"LANTERN++": {"residual": "lantern"}, "LANTERN++ with G*": {"residual": "gstar"}},
+    help="p~ adds the mass of up to k nearest codes"))
+register(RuleSpec("eagle", "Eagle-1 (lossless)", lambda params, depth, _: Eagle(), help="min(1, p/q): exact"))
+register(RuleSpec("ar", "AR (no drafting)", lambda params, depth, _: AR(), help="one token per target forward",
+                  drafts=False))
+METHODS = tuple(RULES)  # the built-in methods, in the app's order
