@@ -12,7 +12,7 @@ from functools import cached_property
 
 import torch
 
-from .params import shorten
+from .params import number, shorten
 
 Path = tuple[int, ...]
 
@@ -112,8 +112,7 @@ class DraftTree:
 
 
 def chain(length: int) -> DraftTree:
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"chain length must be an integer >= 1, got {length!r}")
+    length = number("chain length", length, 1, integer=True)
     return DraftTree(tuple((0,) * d for d in range(1, length + 1)), f"chain:{length}")
 
 

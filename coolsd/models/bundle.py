@@ -15,6 +15,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import Tensor, nn
 
 from ..core.interface import ImageDecoder
+from ..core.params import number
 from ..core.rules import nearest_codes
 from ..core.sampling import SamplingConfig
 from .config import CONFIGS, RANDOM_INIT_SIZES, ModelConfig
@@ -36,8 +37,7 @@ def set_threads(threads: int | None = None) -> int:
             threads = int(text) if text else 1
         except ValueError:
             raise ValueError(f"COOLSD_THREADS must be a whole number >= 1, got {text[:40]!r}") from None
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
+    threads = number("threads", threads, 1, integer=True)
     torch.set_num_threads(threads)
     return threads
 

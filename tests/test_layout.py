@@ -1,0 +1,97 @@
+"""The package layout stays true: import boundaries between core, models, toy, app and cli, read from the
+source (so a lazy import inside a function counts too), and the traps the layout removed stay removed."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "coolsd"
+
+# Which coolsd packages, and which third-party libraries, each package may import.
+ALLOWED = {
+    "core": ({"core"}, {"torch", "numpy"}),
+    "models": ({"core", "models"}, {"torch", "numpy", "safetensors"}),
+    "toy": ({"core", "models", "toy"}, {"torch", "numpy", "safetensors", "torchmetrics", "tqdm", "PIL"}),
+    "app": ({"core", "models", "app"}, {"torch", "numpy", "matplotlib", "PIL"}),
+    "cli": ({"core", "models", "cli"}, {"torch", "numpy", "tqdm", "PIL"}),
+}
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """(imported module, relative level) for every import statement in a file, nested ones included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, 0) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.module or "", node.level))
+    return found
+
+
+def target_package(package: str, module: str, level: int) -> str | None:
+    """The coolsd package an import reaches (None for a library outside coolsd)."""
+    if level == 1:
+        return package
+    if level == 2:
+        return module.split(".")[0] or "coolsd"
+    if module == "coolsd" or module.startswith("coolsd."):
+        return module.split(".")[1] if "." in module else "coolsd"
+    return None
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_packages_import_only_what_the_layout_allows(package):
+    ours, libraries = ALLOWED[package]
+    files = sorted((PACKAGE / package).glob("*.py"))
+    assert files, package
+    for path in files:
+        for module, level in imports(path):
+            reached = target_package(package, module, level)
+            name = f"{'.' * level}{module}"
+            if reached is not None:
+                assert reached in ours, f"{path.parent.name}/{path.name} imports {name}: {package} may not import {reached}"
+            else:
+                top = module.split(".")[0]
+                assert top in sys.stdlib_module_names or top in libraries or top == "__future__", \
+                    f"{path.parent.name}/{path.name} imports {name}: {package} may not depend on {top}"
+
+
+def test_app_py_is_wiring_over_the_app_package():
+    reached = {target_package("", module, level) for module, level in imports(ROOT / "app.py")}
+    assert reached - {None} <= {"app", "core", "models"}
+
+
+def test_the_layout_test_fails_on_a_forbidden_import(tmp_path, monkeypatch):
+    """Negative control: a core module that reaches into models, or into gradio, is caught."""
+    bad = tmp_path / "coolsd" / "core"
+    bad.mkdir(parents=True)
+    (bad / "leak.py").write_text("def f():\n    from ..models.gpt import Transformer\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "coolsd")
+    with pytest.raises(AssertionError, match="core may not import models"):
+        test_packages_import_only_what_the_layout_allows("core")
+    (bad / "leak.py").write_text("import gradio\n")
+    with pytest.raises(AssertionError, match="core may not depend on gradio"):
+        test_packages_import_only_what_the_layout_allows("core")
+
+
+def test_command_line_modules_do_not_shadow_the_library():
+    """``python -m coolsd.generate`` is a module; the library's function has its own name, so importing the
+    command line never replaces it (it used to: ``coolsd.generate`` was both)."""
+    import coolsd
+    importlib.import_module("coolsd.bench")
+    importlib.import_module("coolsd.generate")
+    assert callable(coolsd.decode_image) and coolsd.decode_image.__module__ == "coolsd.core.decode"
+    assert type(coolsd.generate).__name__ == "module" and hasattr(coolsd.generate, "main")
+
+
+def test_the_shipped_shape_lives_in_the_config_table():
+    from coolsd.models.config import CONFIGS, ModelConfig
+    shipped = json.loads((ROOT / "assets" / "fashion" / "config.json").read_text())["model"]
+    assert ModelConfig(**shipped) == CONFIGS["fashion"]
