@@ -108,7 +108,8 @@ def family_name(run: dict) -> str:
 
 def point_label(run: dict) -> str:
     """What varies along a series at this point (``δ=2``, ``k=10, λ=5``); the method for a lone point."""
-    varied = [_parameter(run["method"], key, run["params"][key]) for key in swept(run["method"]) if key in run["params"]]
+    method, params = run["method"], run["params"]
+    varied = [_parameter(method, key, params[key]) for key in swept(method) if key in params]
     return ", ".join(varied) if varied else method_name(run["method"], run["params"]).split(" (")[0]
 
 

@@ -30,12 +30,13 @@ from ..core.rules import RULES, AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.trees import DraftTree, parse_draft, usable_depth
 from ..models.bundle import Bundle
-from .generate import (
+from .common import (
     OneLineParser,
     add_model_arguments,
     check_model_args,
     check_output,
     load_model,
+    run_command,
     sampling_from,
 )
 from .methods import check_rule, method_label, parse_method
@@ -222,18 +223,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = check_args(build_parser().parse_args(argv))
-        bundle = load_model(args)
-        result = run_benchmark(bundle, args.methods, args.images, args.tree, sampling_from(args.overrides, bundle),
-                               args.seed, args.warmup, not args.no_progress, repeats=args.repeats)
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return run_command(lambda: benchmark(argv))
     except NotDeterministic as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+
+
+def benchmark(argv: list[str] | None) -> int:
+    """Check every option and method spec, load the model, run, write the JSON, print warnings and the table."""
+    args = check_args(build_parser().parse_args(argv))
+    bundle = load_model(args)
+    result = run_benchmark(bundle, args.methods, args.images, args.tree, sampling_from(args.overrides, bundle),
+                           args.seed, args.warmup, not args.no_progress, repeats=args.repeats)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     print(format_table(result))

@@ -322,7 +322,8 @@ register(RuleSpec("uniform", "UniformRSD", lambda params, depth, _: UniformRSD(*
 register(RuleSpec("lantern", "LANTERN++", lantern, (
     Param("k", 0, 50, 10, 1, "LANTERN++ k (neighbours)", integer=True, help="nearest codes whose mass may count"),
     Param("lambda", 1.0, 10.0, 5.0, 0.1, "LANTERN++ λ (lambda)", help="the relaxed target stays below lambda p"),
-    RESIDUAL), swept=("k", "lambda"), variants={"LANTERN++": {"residual": "lantern"}, "LANTERN++ with G*": {"residual": "gstar"}},
+    RESIDUAL), swept=("k", "lambda"),
+    variants={"LANTERN++": {"residual": "lantern"}, "LANTERN++ with G*": {"residual": "gstar"}},
     help="p~ adds the mass of up to k nearest codes"))
 register(RuleSpec("eagle", "Eagle-1 (lossless)", lambda params, depth, _: Eagle(), help="min(1, p/q): exact"))
 register(RuleSpec("ar", "AR (no drafting)", lambda params, depth, _: AR(), help="one token per target forward",

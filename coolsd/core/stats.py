@@ -134,7 +134,8 @@ class GenerationStats:
     def summary(self) -> dict:
         total = self.seconds.get("total", 0.0)
         return {"method": self.method, "params": self.params, "draft": self.draft, "class_id": self.class_id,
-                "condition": self.condition or {"class_id": self.class_id}, "seed": self.seed, "sampling": self.sampling, "tokens": self.tokens,
+                "condition": self.condition or {"class_id": self.class_id}, "seed": self.seed,
+                "sampling": self.sampling, "tokens": self.tokens,
                 "target_forwards": self.target_forwards, "drafter_forwards": self.drafter_forwards,
                 "tau": self.tau, "accepted_per_round": self.accepted_per_round,
                 "relaxation_cost": self.relaxation_cost, "per_depth": self.per_depth(),

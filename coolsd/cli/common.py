@@ -1,0 +1,156 @@
+"""What both command lines share: the model and sampling options, their checks (before any model loads), the
+one-line error convention, and loading the model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..core.params import Param, check, shorten
+from ..core.sampling import SamplingConfig
+from ..core.trees import parse_draft, usable_depth
+from ..models.bundle import (
+    DEFAULT_MODEL,
+    Bundle,
+    load_bundle,
+    random_bundle,
+    set_threads,
+)
+from ..models.config import CONFIGS, ModelConfig
+
+SAMPLING_OPTIONS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error raises ValueError, so ``main`` prints it as one ``error:`` line."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (see --help)")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What validation needs to know about the model, read without loading its weights."""
+
+    config: ModelConfig
+    class_names: list[str]
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared with the benchmark: which model, where, and the sampling transform. Numbers are read
+    as text and checked by :func:`check_model_args`, so every range error has coolsd.params' wording."""
+    parser.add_argument("--model", default=None, help="model bundle directory (default: the shipped model)")
+    parser.add_argument("--random-init", choices=["tiny", "small"], default=None,
+                        help="use a randomly initialised target/drafter pair instead of a trained model")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--draft", default="chain:5", help="chain:L or tree:<preset> (eagle25, wide57)")
+    parser.add_argument("--cfg", default=None, help="classifier-free guidance scale (default: the model's)")
+    parser.add_argument("--temperature", default=None)
+    parser.add_argument("--top-k", default=None, help="0 = off; at most the vocabulary size")
+    parser.add_argument("--top-p", default=None, help="1 = off")
+    parser.add_argument("--seed", default="0")
+    parser.add_argument("--threads", default=None,
+                        help="CPU threads for torch (default: $COOLSD_THREADS, else 1: the fastest for small models)")
+
+
+def model_info(model: str | None, random_init: str | None) -> ModelInfo:
+    """The model's shape and class names, from its config.json (or the random-init preset)."""
+    if random_init:
+        config = CONFIGS[random_init]
+        return ModelInfo(config, [f"class {i}" for i in range(config.num_classes)])
+    path = Path(model) if model else DEFAULT_MODEL
+    if not (path / "config.json").is_file():
+        raise ValueError(f"no model bundle at {path} (expected config.json and *.safetensors)")
+    try:
+        meta = json.loads((path / "config.json").read_text())
+        config = ModelConfig(**meta["model"])
+    except (OSError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"unreadable model config {path / 'config.json'}: {shorten(str(error), 80)}") from None
+    names = meta.get("class_names") or [f"class {i}" for i in range(config.num_classes)]
+    return ModelInfo(config, names)
+
+
+def check_device(device: str | None) -> None:
+    """cpu, cuda or cuda:N, and CUDA only when this torch can reach a GPU."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {shorten(device)}")
+    if parsed.type == "cuda":
+        if torch.version.cuda is None:
+            raise ValueError(f"device {device}: this torch ({torch.__version__}) is built without CUDA; "
+                             "use --device cpu")
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device}: no CUDA GPU is visible to torch; use --device cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device}: only {torch.cuda.device_count()} CUDA GPU(s) are visible")
+
+
+def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] = ()) -> None:
+    """An output file we will be able to write, checked before any work so a typo costs nothing."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a directory; give a file name")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ValueError(f"{option} {path} must end in one of {', '.join(suffixes)}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{option} {path}: not writable")
+
+
+def check_threads(threads: str | None) -> int | None:
+    """``--threads``: None (then ``set_threads`` reads $COOLSD_THREADS, else 1) or 1..the machine's CPUs."""
+    if threads is None:
+        return None
+    return Param("threads", 1, os.cpu_count() or 1, 1, 1, "CPU threads", integer=True).check(threads)
+
+
+def check_model_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Check the options shared with the benchmark; adds ``info`` (ModelInfo), ``tree`` (DraftTree, at most
+    as deep as the model can use) and ``overrides`` (checked sampling settings)."""
+    check_device(args.device)
+    args.threads = check_threads(args.threads)
+    args.seed = check("seed", args.seed)
+    args.info = model_info(args.model, args.random_init)
+    args.tree = parse_draft(args.draft, usable_depth(args.info.config.image_tokens))
+    vocab = args.info.config.vocab_size
+    args.overrides = {name: check(name, getattr(args, option), vocab if name == "top_k" else None)
+                      for option, name in SAMPLING_OPTIONS.items() if getattr(args, option) is not None}
+    return args
+
+
+def load_model(args: argparse.Namespace) -> Bundle:
+    """Set torch's threads deliberately (``set_threads``: torch's default of one per core was many times
+    slower on a busy machine), then load the bundle."""
+    args.threads = set_threads(args.threads)
+    if args.random_init:
+        return random_bundle(args.random_init, device=args.device)
+    return load_bundle(args.model, device=args.device)
+
+
+def sampling_from(overrides: dict, bundle: Bundle) -> SamplingConfig:
+    """The bundle's recommended sampling settings, overridden by any option given."""
+    return SamplingConfig(**{**bundle.sampling.to_dict(), **overrides})
+
+
+def run_command(work: Callable[[], int]) -> int:
+    """Run a command's work; a bad option or an unreadable file ends it with one ``error:`` line and exit code 2."""
+    try:
+        return work()
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
