@@ -32,12 +32,14 @@ say("importing gradio and torch")
 import logging  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any, TypedDict  # noqa: E402
 
 import gradio as gr  # noqa: E402
 
 from coolsd.app import session, views  # noqa: E402
-from coolsd.core.params import PARAMS, check, clip  # noqa: E402
+from coolsd.core.params import PARAMS, Choice, Param, check, clip  # noqa: E402
+from coolsd.core.rules import RULES  # noqa: E402
 from coolsd.core.rules import param as method_param  # noqa: E402
 from coolsd.models.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
 
@@ -70,15 +72,45 @@ def schema(name: str):
     return PARAMS[name] if name in PARAMS else method_param(name)
 
 
-DEFAULTS = {"method": "COOL-SD", "delta": schema("delta").default, "nu": schema("nu").default, "mu_auto": True,
-            "mu": 0.0, "k": schema("k").default, "lam": schema("lambda").default,
-            "draft": "chain:5", "class_name": BUNDLE.class_names[1], "seed": 0, "cfg": BUNDLE.sampling.cfg_scale,
-            "temperature": BUNDLE.sampling.temperature, "top_k": BUNDLE.sampling.top_k,
-            "top_p": BUNDLE.sampling.top_p, "schedule": "exp"}
-VISIBLE = {  # which method controls apply to which method
-    "delta": {"COOL-SD", "UniformRSD"}, "cool": {"COOL-SD"},
-    "lantern": {"LANTERN++", "LANTERN++ with G*"}, "draft": set(session.METHODS) - {"AR (no drafting)"},
+DEFAULT_METHOD = "COOL-SD"
+OMEGA_LINE = "omega_line"  # COOL-SD's computed mu and omegas, shown under its controls
+PRIVATE = {"api_visibility": "private"}  # UI callbacks: not part of the API (only /generate is)
+PRESETS = {  # button -> the control values it sets
+    "Paper: COOL-SD δ=1.1": {"method": "COOL-SD", "delta": 1.1, "nu": 0.7, "mu_auto": True},
+    "Paper: COOL-SD δ=2": {"method": "COOL-SD", "delta": 2.0, "nu": 0.7, "mu_auto": True},
 }
+
+
+def slider_start(param: Param, maximum: float | None = None) -> float:
+    """A slider's first value: the default, or 0 clipped into the range when the default is a word (mu: auto)."""
+    maximum = param.high if maximum is None else maximum
+    return param.default if not isinstance(param.default, str) else min(max(0, param.low), maximum)
+
+
+def control_defaults(control: session.MethodControl) -> dict[str, Any]:
+    """A method control's starting values by value name: a word's checkbox is ticked when it is the default."""
+    param = control.schema
+    if isinstance(param, Choice):
+        return {control.name: param.default}
+    ticked = {name: param.default == word for name, word in control.words.items()}
+    return {**ticked, control.name: slider_start(param)}
+
+
+def defaults() -> dict[str, Any]:
+    """Every control's starting (and Reset) value by value name (``session.value_names``), read from the rule
+    registry now."""
+    values: dict[str, Any] = {"method": DEFAULT_METHOD}
+    for control in session.method_controls():
+        values.update(control_defaults(control))
+    sampling = BUNDLE.sampling
+    return {**values, "draft": "chain:5", "class_name": BUNDLE.class_names[1], "seed": 0,
+            "cfg_scale": sampling.cfg_scale, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p}
+
+
+DEFAULTS = defaults()
+
+
 INTRO = """
 # coolsd: watch speculative decoding generate an image
 A small **draft** model proposes the next few image tokens; the big **target** model checks them all in
@@ -107,13 +139,45 @@ The trade-off figure shows the shipped benchmark; FID differences of about ±1 a
 """
 
 
-def slider(name: str, **kwargs) -> gr.Slider:
-    """A slider whose range, step, default and label come from ``coolsd.params``, the one definition that the
-    API and the command line check too."""
-    param = schema(name)
+def slider(param: Param, **kwargs) -> gr.Slider:
+    """A slider whose range, step, default and label come from the parameter's one definition (the rule
+    registry or ``coolsd.core.params``), which the API and the command line check too."""
     maximum = kwargs.pop("maximum", param.high)
-    start = param.default if not isinstance(param.default, str) else min(max(0, param.low), maximum)  # mu: auto
-    return gr.Slider(param.low, maximum, **{"value": start, "step": param.step, "label": param.label, **kwargs})
+    return gr.Slider(param.low, maximum, **{"value": slider_start(param, maximum), "step": param.step,
+                                            "label": param.label, **kwargs})
+
+
+def layout_items() -> list[tuple[str, frozenset[str]]]:
+    """The method controls in registry order as (name, the entries it is shown for), with COOL-SD's omega line
+    right after the last control COOL-SD takes."""
+    items = [(control.name, control.labels) for control in session.method_controls()]
+    cool = frozenset(label for label, (name, _) in session.method_entries().items() if name == "cool")
+    last = max((i for i, (_, labels) in enumerate(items) if labels & cool), default=None)
+    if last is not None:
+        items.insert(last + 1, (OMEGA_LINE, cool))
+    return items
+
+
+def method_boxes() -> list[tuple[frozenset[str], list[str]]]:
+    """Consecutive items shown for the same entries share a box: one visibility switch per box follows the
+    method, and a hidden box leaves no gap."""
+    boxes: list[tuple[frozenset[str], list[str]]] = []
+    for name, labels in layout_items():
+        if boxes and boxes[-1][0] == labels:
+            boxes[-1][1].append(name)
+        else:
+            boxes.append((labels, [name]))
+    return boxes
+
+
+def drafting_labels() -> set[str]:
+    """The method entries that draft (all but AR): only they show the draft structure."""
+    return {label for label, (name, _) in session.method_entries().items() if RULES[name].drafts}
+
+
+def word_label(param: Param, word: str) -> str:
+    """``μ auto``: the parameter's symbol (its label's first word) and the word."""
+    return f"{param.label.split(' (')[0]} {word}"
 
 
 def checked(compute):
@@ -132,16 +196,24 @@ def checked(compute):
                        print_exception=False) from None
 
 
-def parse(*values):
-    """Validate the 15 control values into an ``session.Request`` (a readable error otherwise)."""
-    return checked(lambda: session.parse_request(BUNDLE, *values))
+def parse(values) -> session.Request:
+    """Validate the control values (``session.value_names`` order) into a ``session.Request`` (a readable
+    error otherwise)."""
+    return checked(lambda: session.parse_controls(BUNDLE, values))
 
 
-def on_generate(method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k, top_p,
-                schedule, progress=gr.Progress()):
+def with_progress(callback: Callable) -> Callable:
+    """``callback(*values, progress=...)`` as Gradio must see it to pass a progress tracker: a positional
+    parameter defaulting to ``gr.Progress()`` (Gradio stops looking at ``*values``); same name, for its API."""
+    def run(progress=gr.Progress(), *values):
+        return callback(*values, progress=progress)
+    run.__name__ = callback.__name__
+    return run
+
+
+def on_generate(*values, progress=None):
     """The Generate button: validate, run, and show both images (figures and timings follow)."""
-    request = parse(method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k,
-                    top_p, schedule)
+    request = parse(values)
     started = time.perf_counter()
     result = checked(lambda: run_comparison(request, progress))
     log.info("generate %s class=%d seed=%d: %.2fs", request.label, request.class_id, request.seed,
@@ -149,8 +221,9 @@ def on_generate(method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed,
     rounds = len(result.method.stats.rounds)
     return (gr.update(value=views.enlarge(result.images["method"]), label=request.label),
             views.enlarge(result.images["eagle"]), views.timing_table(result),
-            f"**{request.label}** (left) and **Eagle-1, lossless** (right): class *{class_name}*, "
-            f"seed {request.seed}.", gr.update(maximum=max(1, rounds - 1), value=0), result)
+            (f"**{request.label}** (left) and **Eagle-1, lossless** (right): class "
+             f"*{BUNDLE.class_names[request.class_id]}*, seed {request.seed}."),
+            gr.update(maximum=max(1, rounds - 1), value=0), result)
 
 
 def on_figures(result, metric):
@@ -202,20 +275,27 @@ def theory_outputs(result, request, source, toy_seed):
     return figure, views.theory_markdown(table, note)
 
 
-def on_theory(result, method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k,
-              top_p, schedule, source, toy_seed):
-    """Recompute the theory panel when a slider moves (no new generation)."""
+def on_theory(result, *values):
+    """Recompute the theory panel when a slider moves (no new generation). ``values``: the controls
+    (``session.value_names`` order), then the (p, q) source and the toy seed."""
+    *controls, source, toy_seed = values
     try:
-        request = session.parse_request(BUNDLE, method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed,
-                                         cfg, temperature, top_k, top_p, schedule)
+        request = session.parse_controls(BUNDLE, controls)
     except ValueError as error:
         return None, f"⚠️ {error}"
     return theory_outputs(result, request, source, toy_seed)
 
 
 def on_method(method):
-    """Show only the controls that apply to ``method``."""
-    return [gr.update(visible=method in VISIBLE[key]) for key in ("delta", "cool", "lantern", "draft")]
+    """Show only the controls that apply to ``method``: one switch per box of ``method_boxes``, then the draft
+    structure."""
+    return [gr.update(visible=method in labels) for labels, _ in method_boxes()] + \
+        [gr.update(visible=method in drafting_labels())]
+
+
+def on_word(ticked):
+    """A word's checkbox (such as "auto") hides its slider while ticked."""
+    return gr.update(visible=not ticked)
 
 
 def on_mu_auto(mu_auto, nu, draft, schedule):
@@ -270,15 +350,15 @@ class GenerateResult(TypedDict):
 
 def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: str = "auto", k: int = 10,
                  lam: float = 5.0, draft: str = "chain:5", class_name: str = DEFAULTS["class_name"], seed: int = 0,
-                 cfg_scale: float = DEFAULTS["cfg"], temperature: float = DEFAULTS["temperature"],
+                 cfg_scale: float = DEFAULTS["cfg_scale"], temperature: float = DEFAULTS["temperature"],
                  top_k: int = DEFAULTS["top_k"], top_p: float = DEFAULTS["top_p"], schedule: str = "exp",
                  timing_repeats: int = 0) -> GenerateResult:
     """Generate with one method and with lossless Eagle-1: both images (PNG base64 and pixels), tokens and
     statistics. ``mu`` is "auto" or a number. ``timing_repeats`` > 0 also times AR, Eagle-1 and the method
     that many times each, interleaved. Parameter ranges: see the README."""
-    mu_auto = isinstance(mu, str) and mu.strip().lower() == "auto"
-    request = parse(method, delta, nu, mu_auto, None if mu_auto else mu, k, lam, draft, class_name, seed,
-                    cfg_scale, temperature, top_k, top_p, schedule)
+    params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule}
+    request = checked(lambda: session.parse_request(BUNDLE, method, params, draft, class_name, seed, cfg_scale,
+                                                    temperature, top_k, top_p))
     repeats = checked(lambda: check("timing_repeats", timing_repeats))
     result = checked(lambda: run_comparison(request, None))
     if repeats:
@@ -289,6 +369,8 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
 class Explorer(gr.Blocks):
     """``gr.Blocks`` whose endpoints answer a malformed request with a readable error: Gradio itself rejects too
     few values with an empty error, silently drops extra ones, and hides why a value could not be read."""
+
+    named: dict  # set by build_demo: value names (session.value_names) and output names -> components
 
     def validate_inputs(self, block_fn, inputs):
         if len(inputs) != len(block_fn.inputs):
@@ -318,108 +400,182 @@ CSS = """
                            padding: 4px 8px !important; }
 """
 
-say("building the interface")
-with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # image files: an hour
-    result_state = gr.State(None)
-    gr.Markdown(INTRO)
+
+def method_control(control: session.MethodControl, start: dict) -> dict[str, gr.components.Component]:
+    """One method parameter's widgets by value name: a radio for named choices; a slider for a number, after a
+    checkbox per word it also takes (ticked: the word stands, and the slider hides)."""
+    param = control.schema
+    if isinstance(param, Choice):
+        return {control.name: gr.Radio(list(param.choices), value=start[control.name], label=param.label)}
+    widgets = {name: gr.Checkbox(value=start[name], label=word_label(param, word), info=param.help or None)
+               for name, word in control.words.items()}
+    hidden = any(start[name] for name in widgets)
+    widgets[control.name] = slider(param, value=start[control.name], visible=not hidden,
+                                   elem_id=f"{control.name}-slider")
+    return widgets
+
+
+def method_panel(start: dict) -> tuple[dict, list[gr.Column]]:
+    """The method controls, box by box (:func:`method_boxes`), each box visible for the entries it applies to."""
+    controls = {control.name: control for control in session.method_controls()}
+    named: dict = {}
+    boxes = []
+    for labels, items in method_boxes():
+        with gr.Column(visible=start["method"] in labels, elem_classes="method-controls") as box:
+            for item in items:
+                if item == OMEGA_LINE:
+                    named[OMEGA_LINE] = gr.Markdown(elem_id="omega-line")
+                else:
+                    named.update(method_control(controls[item], start))
+        boxes.append(box)
+    return named, boxes
+
+
+def settings_panel(start: dict) -> tuple[dict, list[gr.Column]]:
+    """The left column: method, presets, the method's controls, draft, class, seed, sampling, Generate."""
+    named: dict = {"method": gr.Radio(list(session.method_entries()), value=start["method"], label="Method")}
     with gr.Row():
-        with gr.Column(scale=1, min_width=300):
-            method = gr.Radio(list(session.METHODS), value=DEFAULTS["method"], label="Method")
-            with gr.Row():
-                preset_11 = gr.Button("Paper: COOL-SD δ=1.1", size="sm")
-                preset_2 = gr.Button("Paper: COOL-SD δ=2", size="sm")
-                reset = gr.Button("Reset", size="sm")
-            delta = slider("delta")
-            with gr.Column(visible=True, elem_classes="cool-controls") as cool_box:
-                nu = slider("nu")
-                mu_auto = gr.Checkbox(value=True, label="μ auto (mean ω = δ)")
-                mu = slider("mu", visible=False, elem_id="mu-slider")
-                schedule = gr.Radio(["exp", "linear"], value="exp", label="COOL-SD schedule of ω")
-                omega_md = gr.Markdown(elem_id="omega-line")
-            with gr.Column(visible=False, elem_classes="lantern-controls") as lantern_box:
-                k = slider("k")
-                lam = slider("lambda")
-            draft = gr.Dropdown(session.DRAFTS, value=DEFAULTS["draft"], label="Draft structure")
-            class_name = gr.Dropdown(BUNDLE.class_names, value=DEFAULTS["class_name"], label="Class")
-            with gr.Row():
-                seed = gr.Number(value=0, precision=0, label="Seed", minimum=PARAMS["seed"].low,
-                                 maximum=PARAMS["seed"].high)
-                dice = gr.Button("Random seed", size="sm")
-            with gr.Accordion("Advanced: sampling", open=False):
-                cfg = slider("cfg_scale", value=DEFAULTS["cfg"])
-                temperature = slider("temperature", value=DEFAULTS["temperature"])
-                top_k = slider("top_k", value=DEFAULTS["top_k"], maximum=BUNDLE.config.vocab_size)
-                top_p = slider("top_p", value=DEFAULTS["top_p"])
-            run = gr.Button("Generate", variant="primary")
-        with gr.Column(scale=2, min_width=300):
-            caption = gr.Markdown("Press **Generate**.")
-            with gr.Row():
-                image_method = gr.Image(label="Chosen method", type="pil", format="png", height=300,
+        named["presets"] = {gr.Button(text, size="sm"): values for text, values in PRESETS.items()}
+        named["reset"] = gr.Button("Reset", size="sm")
+    controls, boxes = method_panel(start)
+    named.update(controls)
+    named["draft"] = gr.Dropdown(session.DRAFTS, value=start["draft"], label="Draft structure",
+                                 visible=start["method"] in drafting_labels())
+    named["class_name"] = gr.Dropdown(BUNDLE.class_names, value=start["class_name"], label="Class")
+    with gr.Row():
+        named["seed"] = gr.Number(value=start["seed"], precision=0, label="Seed", minimum=PARAMS["seed"].low,
+                                  maximum=PARAMS["seed"].high)
+        named["dice"] = gr.Button("Random seed", size="sm")
+    with gr.Accordion("Advanced: sampling", open=False):
+        for name in ("cfg_scale", "temperature", "top_k", "top_p"):
+            top = {"maximum": BUNDLE.config.vocab_size} if name == "top_k" else {}
+            named[name] = slider(PARAMS[name], value=start[name], **top)
+    named["run"] = gr.Button("Generate", variant="primary")
+    return named, boxes
+
+
+def results_panel() -> dict:
+    """The right column: both images, the timing table, and the figure tabs."""
+    named: dict = {"caption": gr.Markdown("Press **Generate**.")}
+    with gr.Row():
+        named["image_method"] = gr.Image(label="Chosen method", type="pil", format="png", height=300,
+                                         elem_classes="pixelated", interactive=False)
+        named["image_eagle"] = gr.Image(label="Eagle-1 (lossless)", type="pil", format="png", height=300,
                                         elem_classes="pixelated", interactive=False)
-                image_eagle = gr.Image(label="Eagle-1 (lossless)", type="pil", format="png", height=300,
-                                       elem_classes="pixelated", interactive=False)
-            timings = gr.Markdown(elem_classes="timings", elem_id="timings")
-            with gr.Tabs():
-                with gr.Tab("Per position"):
-                    per_position = gr.Plot(show_label=False)
-                with gr.Tab("Accepted lengths"):
-                    lengths = gr.Plot(show_label=False)
-                with gr.Tab("Acceptance maps"):
-                    with gr.Row():
-                        map_method = gr.Plot(show_label=False)
-                        map_eagle = gr.Plot(show_label=False)
-                with gr.Tab("Replay"):
-                    with gr.Row():
-                        round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="round-slider")
-                        play = gr.Button("▶ Play", size="sm")
-                    replay_plot = gr.Plot(show_label=False, elem_id="replay-plot")
-                with gr.Tab("Theory"):
-                    gr.Markdown("Exact per-position acceptance rate `beta_i`, TV cost `e_i`, expected accepted drafts "
-                                "`E[N]` and the bound on the total-variation distance of one round, under the current "
-                                "sliders: move them and watch the trade-off. For a chain, "
-                                "`E[N] = sum_i prod_{j<=i} beta_j` and the bound is `sum_i (prod_{j<i} beta_j) e_i`.")
-                    with gr.Row():
-                        source = gr.Radio(["last generation", "toy distributions"], value="last generation",
-                                          label="(p, q) pairs from")
-                        toy_seed = gr.Number(value=0, precision=0, label="toy seed", minimum=0, maximum=10**6)
-                    theory_plot = gr.Plot(show_label=False, elem_id="theory-plot")
-                    theory_md = gr.Markdown(elem_id="theory-text")
-                with gr.Tab("Trade-off"):
-                    metric = gr.Radio([("judge-FID (lower is better)", "fid"), ("class consistency", "judge_accuracy")],
-                                      value="fid", label="quality axis")
-                    tradeoff_plot = gr.Plot(value=views.tradeoff_figure(BUNDLE, None, "fid"), show_label=False)
-                    gr.Markdown(METHOD_NOTES)
+    named["timings"] = gr.Markdown(elem_classes="timings", elem_id="timings")
+    with gr.Tabs():
+        with gr.Tab("Per position"):
+            named["per_position"] = gr.Plot(show_label=False)
+        with gr.Tab("Accepted lengths"):
+            named["lengths"] = gr.Plot(show_label=False)
+        with gr.Tab("Acceptance maps"), gr.Row():
+            named["map_method"] = gr.Plot(show_label=False)
+            named["map_eagle"] = gr.Plot(show_label=False)
+        with gr.Tab("Replay"):
+            with gr.Row():
+                named["round_slider"] = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="round-slider")
+                named["play"] = gr.Button("▶ Play", size="sm")
+            named["replay_plot"] = gr.Plot(show_label=False, elem_id="replay-plot")
+        with gr.Tab("Theory"):
+            named.update(theory_tab())
+        with gr.Tab("Trade-off"):
+            named["metric"] = gr.Radio([("judge-FID (lower is better)", "fid"),
+                                        ("class consistency", "judge_accuracy")], value="fid", label="quality axis")
+            named["tradeoff_plot"] = gr.Plot(value=views.tradeoff_figure(BUNDLE, None, "fid"), show_label=False)
+            gr.Markdown(METHOD_NOTES)
+    return named
 
-    controls = [method, delta, nu, mu_auto, mu, k, lam, draft, class_name, seed, cfg, temperature, top_k, top_p,
-                schedule]
-    private = {"api_visibility": "private"}  # UI callbacks: not part of the API (only /generate is)
-    run.click(on_generate, controls, [image_method, image_eagle, timings, caption, round_slider, result_state],
-              concurrency_id="generate", **private).then(
-        on_figures, [result_state, metric], [per_position, lengths, map_method, map_eagle, replay_plot, theory_plot,
-                                             theory_md, tradeoff_plot], **private).then(
-        on_timing, result_state, [timings, result_state], concurrency_id="generate", show_progress="minimal",
-        **private)
-    method.change(on_method, method, [delta, cool_box, lantern_box, draft], **private)
-    mu_auto.change(on_mu_auto, [mu_auto, nu, draft, schedule], mu, **private)
-    omega_inputs = [method, delta, nu, mu_auto, mu, draft, schedule]
-    gr.on([demo.load] + [control.change for control in omega_inputs], views.omega_line, omega_inputs, omega_md,
-          **private)
-    gr.on([control.change for control in (method, delta, nu, mu_auto, mu, k, lam, schedule, source, toy_seed)],
-          on_theory, [result_state, *controls, source, toy_seed], [theory_plot, theory_md], show_progress="hidden",
-          **private)
-    round_slider.change(on_replay, [result_state, round_slider], replay_plot, show_progress="hidden", **private)
-    play.click(on_play, result_state, round_slider, **private)
-    metric.change(lambda result, metric: views.tradeoff_figure(BUNDLE, result, metric), [result_state, metric],
-                  tradeoff_plot, **private)
-    dice.click(lambda: random.randrange(PARAMS["seed"].high + 1), None, seed, **private)
-    preset_11.click(lambda: ("COOL-SD", 1.1, 0.7, True), None, [method, delta, nu, mu_auto], **private)
-    preset_2.click(lambda: ("COOL-SD", 2.0, 0.7, True), None, [method, delta, nu, mu_auto], **private)
-    reset.click(lambda: [DEFAULTS[key] for key in ("method", "delta", "nu", "mu_auto", "mu", "k", "lam", "draft",
-                                                   "class_name", "seed", "cfg", "temperature", "top_k", "top_p",
-                                                   "schedule")], None, controls, **private)
-    gr.api(api_generate, api_name="generate", concurrency_id="generate")
 
-demo.queue(default_concurrency_limit=2, max_size=64)
+def theory_tab() -> dict:
+    """The theory panel: where its (p, q) pairs come from, its figure and its table."""
+    gr.Markdown("Exact per-position acceptance rate `beta_i`, TV cost `e_i`, expected accepted drafts "
+                "`E[N]` and the bound on the total-variation distance of one round, under the current "
+                "sliders: move them and watch the trade-off. For a chain, "
+                "`E[N] = sum_i prod_{j<=i} beta_j` and the bound is `sum_i (prod_{j<i} beta_j) e_i`.")
+    named = {}
+    with gr.Row():
+        named["source"] = gr.Radio(["last generation", "toy distributions"], value="last generation",
+                                   label="(p, q) pairs from")
+        named["toy_seed"] = gr.Number(value=0, precision=0, label="toy seed", minimum=0, maximum=10**6)
+    named["theory_plot"] = gr.Plot(show_label=False, elem_id="theory-plot")
+    named["theory_md"] = gr.Markdown(elem_id="theory-text")
+    return named
+
+
+def on_metric(result, metric):
+    return views.tradeoff_figure(BUNDLE, result, metric)
+
+
+def random_seed() -> int:
+    return random.randrange(PARAMS["seed"].high + 1)
+
+
+def wire_generation(ui: dict) -> None:
+    """Generate, then the figures, then the timings; the theory panel follows the method's controls."""
+    inputs = [ui[name] for name in session.value_names()]
+    ui["run"].click(with_progress(on_generate), inputs, [ui[name] for name in (
+        "image_method", "image_eagle", "timings", "caption", "round_slider", "result")],
+        concurrency_id="generate", **PRIVATE).then(
+        on_figures, [ui["result"], ui["metric"]], [ui[name] for name in (
+            "per_position", "lengths", "map_method", "map_eagle", "replay_plot", "theory_plot", "theory_md",
+            "tradeoff_plot")], **PRIVATE).then(
+        on_timing, ui["result"], [ui["timings"], ui["result"]], concurrency_id="generate", show_progress="minimal",
+        **PRIVATE)
+    method_values = [ui[name] for name in session.value_names() if name not in session.COMMON]
+    gr.on([control.change for control in (*method_values, ui["source"], ui["toy_seed"])], on_theory,
+          [ui["result"], *inputs, ui["source"], ui["toy_seed"]], [ui["theory_plot"], ui["theory_md"]],
+          show_progress="hidden", **PRIVATE)
+    ui["round_slider"].change(on_replay, [ui["result"], ui["round_slider"]], ui["replay_plot"],
+                              show_progress="hidden", **PRIVATE)
+    ui["play"].click(on_play, ui["result"], ui["round_slider"], **PRIVATE)
+    ui["metric"].change(on_metric, [ui["result"], ui["metric"]], ui["tradeoff_plot"], **PRIVATE)
+
+
+def wire_controls(demo: gr.Blocks, ui: dict, boxes: list[gr.Column], start: dict) -> None:
+    """The controls among themselves: visibility per method, word checkboxes, the omega line, seed dice,
+    presets and Reset."""
+    ui["method"].change(on_method, ui["method"], [*boxes, ui["draft"]], **PRIVATE)
+    for control in session.method_controls():
+        for name in control.words:
+            if name == "mu_auto":  # unticking starts the slider at the value auto stood for
+                ui[name].change(on_mu_auto, [ui[key] for key in ("mu_auto", "nu", "draft", "schedule")],
+                                ui["mu"], **PRIVATE)
+            else:
+                ui[name].change(on_word, ui[name], ui[control.name], **PRIVATE)
+    if OMEGA_LINE in ui:
+        omega_inputs = [ui[name] for name in ("method", "delta", "nu", "mu_auto", "mu", "draft", "schedule")]
+        gr.on([demo.load] + [control.change for control in omega_inputs], views.omega_line, omega_inputs,
+              ui[OMEGA_LINE], **PRIVATE)
+    ui["dice"].click(random_seed, None, ui["seed"], **PRIVATE)
+    for button, values in ui["presets"].items():
+        button.click(lambda values=values: list(values.values()), None, [ui[name] for name in values], **PRIVATE)
+    names = session.value_names()
+    ui["reset"].click(lambda: [start[name] for name in names], None, [ui[name] for name in names], **PRIVATE)
+
+
+def build_demo() -> Explorer:
+    """The explorer's page, its method controls read from the rule registry now (a method registered before
+    the call gets its controls); ``demo.named`` maps names (value names, outputs) to components."""
+    start = defaults()
+    with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # image files: an hour
+        named: dict = {"result": gr.State(None)}
+        gr.Markdown(INTRO)
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                settings, boxes = settings_panel(start)
+            with gr.Column(scale=2, min_width=300):
+                named.update(results_panel())
+        named.update(settings)
+        demo.named = named
+        wire_generation(named)
+        wire_controls(demo, named, boxes, start)
+        gr.api(api_generate, api_name="generate", concurrency_id="generate")
+    demo.queue(default_concurrency_limit=2, max_size=64)
+    return demo
+
+
+say("building the interface")
+demo = build_demo()
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -20,11 +20,20 @@ def no_progress(*args, **kwargs):
     pass
 
 
+ALIASES = {"lam": "lambda", "cfg": "cfg_scale"}  # "lambda" cannot be a keyword argument
+
+
+def named_controls(**overrides):
+    """The app's default control values by value name, with ``overrides``."""
+    values = app.defaults()
+    values.update({ALIASES.get(key, key): value for key, value in overrides.items()})
+    return values
+
+
 def controls(**overrides):
-    values = dict(app.DEFAULTS)
-    values.update(overrides)
-    return [values[key] for key in ("method", "delta", "nu", "mu_auto", "mu", "k", "lam", "draft", "class_name",
-                                    "seed", "cfg", "temperature", "top_k", "top_p", "schedule")]
+    """The control values in the order the app's callbacks take them (``session.value_names``)."""
+    values = named_controls(**overrides)
+    return [values[name] for name in session.value_names()]
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +93,13 @@ def test_timing_runs_interleave_in_rotating_order(monkeypatch):
         return session.Generation([], type("Stats", (), {"seconds": {"total": 0.1}})())
 
     monkeypatch.setattr(session, "generate", fake_generate)
-    request = session.parse_request(app.BUNDLE, *controls(seed=9))
+    request = session.parse_controls(app.BUNDLE, controls(seed=9))
     timing = session.measure_speed(app.BUNDLE, request, repeats=3)
     assert [c[0] for c in calls] == ["ar", "eagle", "cool", "eagle", "cool", "ar", "cool", "ar", "eagle"]
     assert {c[1:] for c in calls} == {(request.class_id, 9, "chain:5")}
     assert timing.repeats == 3
     calls.clear()
-    session.measure_speed(app.BUNDLE, session.parse_request(app.BUNDLE, *controls(method="Eagle-1 (lossless)")), 2)
+    session.measure_speed(app.BUNDLE, session.parse_controls(app.BUNDLE, controls(method="Eagle-1 (lossless)")), 2)
     assert [c[0] for c in calls] == ["ar", "eagle", "eagle", "ar"]  # the method is Eagle-1: not timed twice
 
 
@@ -120,7 +129,7 @@ def test_bad_input_is_a_readable_error(overrides, needle):
 
 
 def test_every_method_runs(generated):
-    for method in session.METHODS:
+    for method in session.method_entries():
         outputs = app.on_generate(*controls(method=method, draft="tree:eagle25"), progress=no_progress)
         result = outputs[5]
         assert result.method.stats.tokens == app.BUNDLE.config.image_tokens
@@ -159,6 +168,47 @@ def test_controls_shown_per_method():
     assert visible("AR (no drafting)") == [False, False, False, False]
 
 
+def test_controls_come_from_the_registry():
+    """One control per parameter name, in registry order; a parameter every entry of its method fixes (LANTERN++'s
+    residual) has none; each control is shown exactly for the entries that take it."""
+    controls_by_name = {control.name: control for control in session.method_controls()}
+    assert list(controls_by_name) == ["delta", "nu", "mu", "schedule", "k", "lambda"]
+    assert controls_by_name["delta"].labels == {"COOL-SD", "UniformRSD"}
+    assert controls_by_name["k"].labels == {"LANTERN++", "LANTERN++ with G*"}
+    assert session.value_names()[:6] == ["method", "delta", "nu", "mu_auto", "mu", "schedule"]
+    assert session.method_entries()["LANTERN++"] == ("lantern", {"residual": "lantern"})
+    ui = app.demo.named
+    assert ui["method"].choices == [(label, label) for label in session.method_entries()]
+    assert isinstance(ui["schedule"], gr.Radio) and ui["schedule"].choices == [("exp", "exp"), ("linear", "linear")]
+    assert isinstance(ui["mu_auto"], gr.Checkbox) and ui["mu_auto"].value is True and ui["mu"].visible is False
+    assert "residual" not in ui
+    start = app.defaults()
+    assert all(ui[name].value == start[name] for name in session.value_names()), "a control starts off its default"
+    for label in session.method_entries():
+        shown = [update["visible"] for update in app.on_method(label)]
+        for (_, items), visible in zip(app.method_boxes(), shown):
+            for name in items:
+                if name in controls_by_name:
+                    assert visible == (label in controls_by_name[name].labels), (label, name)
+
+
+def test_parse_request_checks_only_what_the_method_takes():
+    """Values meant for other methods are ignored, an entry's fixed values fill in, an absent parameter takes
+    its default, and each value is checked against its method's schema."""
+    common = ("chain:5", app.BUNDLE.class_names[1], 0, 2.0, 1.0, 0, 1.0)
+    request = session.parse_request(app.BUNDLE, "LANTERN++", {"k": 3, "delta": "junk", "schedule": None}, *common)
+    assert request.param_dict == {"k": 3, "lambda": 5.0, "residual": "lantern"}
+    assert request.rule.params() == {"k": 3, "lambda": 5.0, "residual": "lantern"}
+    request = session.parse_request(app.BUNDLE, "UniformRSD", {"delta": 1.5, "nu": 99}, *common)
+    assert request.param_dict == {"delta": 1.5} and request.rule.delta == 1.5
+    with pytest.raises(ValueError, match="delta must be between 0.05 and 5"):
+        session.parse_request(app.BUNDLE, "COOL-SD", {"delta": 10}, *common)
+    with pytest.raises(ValueError, match="method parameters must be a mapping"):
+        session.parse_request(app.BUNDLE, "COOL-SD", [2.0], *common)
+    with pytest.raises(ValueError, match="expected 15 control values"):
+        session.parse_controls(app.BUNDLE, controls()[:3])
+
+
 @pytest.mark.parametrize("schedule", ["exp", "linear"])
 def test_mu_auto_never_pushes_the_slider_out_of_range(schedule):
     """Under "auto", mu can leave the slider's range (chain:8, nu=-1 gives 6.38); the slider is then hidden and
@@ -178,7 +228,8 @@ def test_every_setting_the_controls_allow_gives_a_result_or_one_readable_message
     """The settings that used to jam the page: each gives an image or a readable refusal, and the next legal
     setting works at once."""
     values = controls(draft=draft, nu=nu, schedule=schedule)
-    line = views.omega_line(*[values[i] for i in (0, 1, 2, 3, 4, 7, 14)])
+    named = named_controls(draft=draft, nu=nu, schedule=schedule)
+    line = views.omega_line(*[named[name] for name in ("method", "delta", "nu", "mu_auto", "mu", "draft", "schedule")])
     try:
         outputs = app.on_generate(*values, progress=no_progress)
     except gr.Error as error:
@@ -255,8 +306,8 @@ def test_odd_api_values_are_readable_errors_logged_in_one_line(overrides, needle
 
 def test_ui_and_api_ranges_are_the_one_definition():
     """Every slider's range is coolsd.params's; the API refuses just outside it and accepts its ends."""
-    sliders = {"delta": app.delta, "nu": app.nu, "mu": app.mu, "k": app.k, "lambda": app.lam,
-               "cfg_scale": app.cfg, "temperature": app.temperature, "top_p": app.top_p}
+    ui = app.demo.named
+    sliders = {name: ui[name] for name in ("delta", "nu", "mu", "k", "lambda", "cfg_scale", "temperature", "top_p")}
     names = {"lambda": "lam", "cfg_scale": "cfg"}
     for name, component in sliders.items():
         param = app.schema(name)
@@ -264,13 +315,13 @@ def test_ui_and_api_ranges_are_the_one_definition():
         method = "LANTERN++" if name in ("k", "lambda") else "COOL-SD"
         extra = {"mu_auto": False} if name == "mu" else {}
         for value in (param.low, param.high):
-            session.parse_request(app.BUNDLE, *controls(method=method, **{names.get(name, name): value}, **extra))
+            session.parse_controls(app.BUNDLE, controls(method=method, **{names.get(name, name): value}, **extra))
         for value in (param.low - param.step, param.high + param.step):
             with pytest.raises(ValueError, match=f"{name} must be between"):
-                session.parse_request(app.BUNDLE, *controls(method=method, **{names.get(name, name): value},
+                session.parse_controls(app.BUNDLE, controls(method=method, **{names.get(name, name): value},
                                                                **extra))
-    assert (app.top_k.minimum, app.top_k.maximum) == (0, app.BUNDLE.config.vocab_size)
-    assert (app.seed.minimum, app.seed.maximum) == (PARAMS["seed"].low, PARAMS["seed"].high)
+    assert (ui["top_k"].minimum, ui["top_k"].maximum) == (0, app.BUNDLE.config.vocab_size)
+    assert (ui["seed"].minimum, ui["seed"].maximum) == (PARAMS["seed"].low, PARAMS["seed"].high)
 
 
 def test_tradeoff_stars_only_the_measured_setting():
@@ -278,7 +329,7 @@ def test_tradeoff_stars_only_the_measured_setting():
     bench = {run["label"]: run for run in views.load_bench(app.BUNDLE)["runs"]}
 
     def point(method, **changes):
-        request = session.parse_request(app.BUNDLE, *controls(method=method, **changes))
+        request = session.parse_controls(app.BUNDLE, controls(method=method, **changes))
         return views.measured_point(app.BUNDLE, request, "fid")
 
     def expected(label):

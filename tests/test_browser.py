@@ -17,6 +17,8 @@ import pytest
 from gradio_client import Client
 from playwright.sync_api import expect, sync_playwright
 
+from coolsd.app.session import value_names  # the order of the app's control values
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -325,8 +327,10 @@ def test_server_memory_levels_off_over_ui_generations(server):
 
     def one_generation(n: int) -> None:
         session = sessions[n % len(sessions)]
-        ui_call(server, session, fn["on_generate"], [methods[n % 4], 2.0, 0.7, True, 0.0, 10, 5.0,
-                                                      drafts[n // 4 % 4], "Trouser", n, 2.0, 1.0, 0, 1.0, "exp"])
+        values = {"method": methods[n % 4], "delta": 2.0, "nu": 0.7, "mu_auto": True, "mu": 0.0, "schedule": "exp",
+                  "k": 10, "lambda": 5.0, "draft": drafts[n // 4 % 4], "class_name": "Trouser", "seed": n,
+                  "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        ui_call(server, session, fn["on_generate"], [values[name] for name in value_names()])
         ui_call(server, session, fn["on_figures"], [None, "fid"])
         if n % 4 == 0:  # timing repeats every run 5 times: a quarter of the clicks keeps the test short
             ui_call(server, session, fn["on_timing"], [None])

@@ -174,7 +174,7 @@ def test_tradeoff_warns_that_small_fid_differences_are_noise(figures, bench_runs
 
 
 def test_display_names_match_the_app():
-    for label, (method, fixed) in session.METHODS.items():
+    for label, (method, fixed) in session.method_entries().items():
         assert plots.method_name(method, fixed) == label
     run = {"method": "lantern", "params": {"k": 10, "lambda": 5, "residual": "gstar"}}
     assert (plots.family_name(run), plots.point_label(run)) == ("LANTERN++ with G*", "k=10, λ=5")

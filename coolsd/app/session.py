@@ -7,22 +7,20 @@ from __future__ import annotations
 import statistics
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from ..core.decode import Generation, generate
-from ..core.params import check, shorten
+from ..core.params import Choice, Param, check, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig
 from ..core.trees import TREES, DraftTree, chain, parse_draft
 from ..models.bundle import Bundle
 
-# UI label -> (method, fixed parameters), from the rule registry
-METHODS: dict[str, tuple[str, dict]] = {label: (spec.name, fixed) for spec in RULES.values()
-                                        for label, fixed in spec.entries().items()}
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES]
-SCHEDULES = ("exp", "linear")
+COMMON = ("draft", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")  # after the method's values
 TIMING_REPEATS = 5
 
 
@@ -40,6 +38,80 @@ def flag(name: str, value) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "auto"):
         return value.strip().lower() != "false"
     raise ValueError(f"{name} must be true or false, got {shorten(value)}")
+
+
+# The app's methods and their controls, read from the rule registry at call time ---------------------------
+def method_entries() -> dict[str, tuple[str, dict]]:
+    """The app's method entries, read now so that a method registered later is listed: UI label -> (rule
+    name, the parameters that entry fixes)."""
+    return {label: (spec.name, fixed) for spec in RULES.values() for label, fixed in spec.entries().items()}
+
+
+@dataclass(frozen=True)
+class MethodControl:
+    """One method parameter the app shows: its schema (the first registered method's, for a shared name) and
+    the method entries (UI labels) that take it without fixing it."""
+
+    schema: Param | Choice
+    labels: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+    @property
+    def words(self) -> dict[str, str]:
+        """The checkbox of each word the parameter also takes, by value name: ``{"mu_auto": "auto"}``."""
+        return {f"{self.name}_{word}": word for word in getattr(self.schema, "words", ())}
+
+    @property
+    def value_names(self) -> tuple[str, ...]:
+        """The values this control sends: a checkbox per word (``mu_auto``), then the parameter itself."""
+        return (*self.words, self.name)
+
+
+def method_controls() -> list[MethodControl]:
+    """Every parameter of the registered methods, once per name in registry order, with the entries it
+    applies to; a parameter every entry of its method fixes (LANTERN++'s residual) gets no control."""
+    schemas: dict[str, Param | Choice] = {}
+    labels: dict[str, set[str]] = {}
+    for spec in RULES.values():
+        for schema in spec.params:
+            takers = {label for label, fixed in spec.entries().items() if schema.name not in fixed}
+            if takers:
+                schemas.setdefault(schema.name, schema)
+                labels.setdefault(schema.name, set()).update(takers)
+    return [MethodControl(schema, frozenset(labels[name])) for name, schema in schemas.items()]
+
+
+def value_names(controls: list[MethodControl] | None = None) -> list[str]:
+    """The names of the app's control values, in the order its callbacks take them: the method, each method
+    control's values, then the draft, class, seed and sampling settings."""
+    controls = method_controls() if controls is None else controls
+    return ["method", *(name for control in controls for name in control.value_names), *COMMON]
+
+
+def raw_params(values: dict, label: str, controls: list[MethodControl]) -> dict:
+    """The raw parameters of entry ``label`` from named control values: a ticked word checkbox stands for its
+    word (``mu_auto`` -> ``mu="auto"``), otherwise the slider's or radio's value."""
+    params = {}
+    for control in controls:
+        if label not in control.labels:
+            continue
+        ticked = [word for name, word in control.words.items() if flag(name.replace("_", " "), values[name])]
+        params[control.name] = ticked[0] if ticked else values[control.name]
+    return params
+
+
+def parse_controls(bundle: Bundle, values: Sequence) -> Request:
+    """A :class:`Request` from the app's control values, in :func:`value_names` order."""
+    controls = method_controls()
+    names = value_names(controls)
+    if len(values) != len(names):
+        raise ValueError(f"expected {len(names)} control values ({', '.join(names)}), got {len(values)}")
+    named = dict(zip(names, values))
+    label = choice("method", named["method"], method_entries())
+    return parse_request(bundle, label, raw_params(named, label, controls), *(named[name] for name in COMMON))
 
 
 @dataclass(frozen=True)
@@ -61,28 +133,32 @@ class Request:
         return dict(self.params)
 
 
-def parse_request(bundle: Bundle, method: str, delta, nu, mu_auto, mu, k, lam, draft: str, class_name: str, seed,
-                  cfg_scale, temperature, top_k, top_p, schedule: str = "exp") -> Request:
-    """Validate raw UI/API values (any type may arrive) into a :class:`Request`; ranges from ``coolsd.params``."""
-    name, fixed = METHODS[choice("method", method, METHODS)]
+def method_params(name: str, fixed: dict, raw: Mapping) -> dict:
+    """Method ``name``'s parameters: those its entry fixes, the others checked against its schema (an absent
+    one takes its default); values meant for other methods are ignored."""
+    params = dict(fixed)
+    for schema in RULES[name].params:
+        if schema.name not in fixed:
+            params[schema.name] = schema.check(raw.get(schema.name, schema.default))
+    return params
+
+
+def parse_request(bundle: Bundle, method: str, params: Mapping, draft: str, class_name: str, seed, cfg_scale,
+                  temperature, top_k, top_p) -> Request:
+    """Validate raw UI/API values (any type may arrive) into a :class:`Request`: ``method`` is an entry's UI
+    label, ``params`` its parameters by name (ranges from the rule registry and ``coolsd.core.params``)."""
+    entries = method_entries()
+    name, fixed = entries[choice("method", method, entries)]
     choice("draft structure", draft, DRAFTS)
     choice("class", class_name, bundle.class_names)
-    choice("schedule", schedule, SCHEDULES)
-    params: dict = dict(fixed)
-    if name in ("cool", "uniform"):
-        params["delta"] = param("delta").check(delta)
-    if name == "cool":
-        params["nu"] = param("nu").check(nu)
-        params["mu"] = "auto" if flag("mu auto", mu_auto) else param("mu").check(mu)
-        params["schedule"] = schedule
-    if name == "lantern":
-        params["k"] = param("k").check(k)
-        params["lambda"] = param("lambda").check(lam)
+    if not isinstance(params, Mapping):
+        raise ValueError(f"method parameters must be a mapping of name to value, got {shorten(params)}")
+    checked = method_params(name, fixed, params)
     sampling = SamplingConfig(cfg_scale=check("cfg_scale", cfg_scale), temperature=check("temperature", temperature),
                               top_k=check("top_k", top_k, high=bundle.config.vocab_size), top_p=check("top_p", top_p))
     tree = parse_draft(draft)
-    rule = build_rule(name, params, tree.depth, bundle.neighbours)  # refuses e.g. a too steep linear nu
-    return Request(method, name, tuple(sorted(params.items())), draft, bundle.class_names.index(class_name),
+    rule = build_rule(name, checked, tree.depth, bundle.neighbours)  # refuses e.g. a too steep linear nu
+    return Request(method, name, tuple(sorted(checked.items())), draft, bundle.class_names.index(class_name),
                    check("seed", seed), sampling, rule, tree)
 
 
@@ -193,4 +269,4 @@ def warm_up(bundle: Bundle) -> None:
 def auto_mu(nu, draft: str, schedule: str = "exp") -> float:
     """The value ``mu="auto"`` stands for at the current ``nu``, draft depth and schedule."""
     return resolve_mu(param("nu").check(nu), "auto", parse_draft(choice("draft structure", draft, DRAFTS)).depth,
-                      choice("schedule", schedule, SCHEDULES))
+                      param("schedule").check(schedule))

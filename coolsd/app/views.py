@@ -18,7 +18,7 @@ from ..core.theory import captured_theory, chain_theory, toy_chain
 from ..core.trees import parse_draft
 from ..models.bundle import Bundle
 from . import plots
-from .session import DRAFTS, SCHEDULES, Comparison, Request, choice, flag
+from .session import DRAFTS, Comparison, Request, choice, flag, method_entries
 
 DISPLAY_SCALE = 10
 BENCH_FILE = "bench_results.json"  # the benchmark a bundle directory may ship (coolsd.bench --out)
@@ -110,12 +110,12 @@ def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, so
 def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -> str:
     """COOL-SD's ``mu`` (computed, under auto) and ``omega_1..omega_L`` at the current sliders, or why they are
     invalid (empty for other methods). Never raises: it runs on every slider move."""
-    if method != "COOL-SD":
+    if not isinstance(method, str) or method_entries().get(method, ("",))[0] != "cool":
         return ""
     try:
         auto = flag("mu auto", mu_auto)
         depth = parse_draft(choice("draft structure", draft, DRAFTS)).depth
-        schedule = choice("schedule", schedule, SCHEDULES)
+        schedule = param("schedule").check(schedule)
         nu, mu = param("nu").check(nu), "auto" if auto else param("mu").check(mu)
         omegas = omega_schedule(param("delta").check(delta), nu, mu, depth, schedule)
         mu_value = resolve_mu(nu, mu, depth, schedule)
