@@ -1,0 +1,60 @@
+"""How the explorer lays out each method's controls, derived from the rule registry and independent of Gradio:
+which controls exist, their starting values, which method entries show them, and how they group into boxes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.params import Choice, Param
+from ..core.rules import RULES
+from . import session
+
+OMEGA_LINE = "omega_line"  # COOL-SD's computed mu and omegas, shown under its controls
+
+
+def slider_start(param: Param, maximum: float | None = None) -> float:
+    """A slider's first value: the default, or 0 clipped into the range when the default is a word (mu: auto)."""
+    maximum = param.high if maximum is None else maximum
+    return param.default if not isinstance(param.default, str) else min(max(0, param.low), maximum)
+
+
+def control_defaults(control: session.MethodControl) -> dict[str, Any]:
+    """A method control's starting values by value name: a word's checkbox is ticked when it is the default."""
+    param = control.schema
+    if isinstance(param, Choice):
+        return {control.name: param.default}
+    ticked = {name: param.default == word for name, word in control.words.items()}
+    return {**ticked, control.name: slider_start(param)}
+
+
+def layout_items() -> list[tuple[str, frozenset[str]]]:
+    """The method controls in registry order as (name, the entries it is shown for), with COOL-SD's omega line
+    right after the last control COOL-SD takes."""
+    items = [(control.name, control.labels) for control in session.method_controls()]
+    cool = frozenset(label for label, (name, _) in session.method_entries().items() if name == "cool")
+    last = max((i for i, (_, labels) in enumerate(items) if labels & cool), default=None)
+    if last is not None:
+        items.insert(last + 1, (OMEGA_LINE, cool))
+    return items
+
+
+def method_boxes() -> list[tuple[frozenset[str], list[str]]]:
+    """Consecutive items shown for the same entries share a box: one visibility switch per box follows the
+    method, and a hidden box leaves no gap."""
+    boxes: list[tuple[frozenset[str], list[str]]] = []
+    for name, labels in layout_items():
+        if boxes and boxes[-1][0] == labels:
+            boxes[-1][1].append(name)
+        else:
+            boxes.append((labels, [name]))
+    return boxes
+
+
+def drafting_labels() -> set[str]:
+    """The method entries that draft (all but AR): only they show the draft structure."""
+    return {label for label, (name, _) in session.method_entries().items() if RULES[name].drafts}
+
+
+def word_label(param: Param, word: str) -> str:
+    """``μ auto``: the parameter's symbol (its label's first word) and the word."""
+    return f"{param.label.split(' (')[0]} {word}"
