@@ -65,3 +65,21 @@ def test_assets_fit_and_are_documented():
     runs = json.loads((DEFAULT_MODEL / "bench_results.json").read_text())["runs"]
     assert all("judge_accuracy" in r and "fid" in r for r in runs)
     assert not list(ASSETS.rglob("*.pt")) and not list(ASSETS.rglob("*.ckpt"))  # safetensors only
+
+
+def test_large_codebook_neighbours_are_cached_on_disk(tmp_path, monkeypatch):
+    """A 16384-code book keeps only the first columns of its neighbour table, on disk, and reads them back
+    equal to a fresh computation."""
+    from coolsd.models import bundle as bundle_module
+    monkeypatch.setenv("COOLSD_CACHE", str(tmp_path))
+    codebook = torch.nn.functional.normalize(torch.randn(bundle_module.DISK_CACHE_CODES, 8,
+                                                         generator=torch.Generator().manual_seed(0)), dim=-1)
+    first = bundle_module.neighbour_table(codebook, 11)
+    files = list((tmp_path / "neighbours").glob("*.npy"))
+    assert len(files) == 1 and np.load(files[0]).shape == (len(codebook), 11) and np.load(files[0]).dtype == np.int16
+    again = bundle_module.neighbour_table(codebook, 11)
+    assert np.array_equal(first, again)
+    rows = torch.arange(50)
+    distances = torch.cdist(codebook[rows], codebook)
+    distances[rows, rows] = float("inf")
+    assert np.array_equal(first[:50], torch.topk(distances, 11, largest=False).indices.numpy())

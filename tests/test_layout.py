@@ -17,7 +17,7 @@ PACKAGE = ROOT / "coolsd"
 # Which coolsd packages, and which third-party libraries, each package may import.
 ALLOWED = {
     "core": ({"core"}, {"torch", "numpy"}),
-    "models": ({"core", "models"}, {"torch", "numpy", "safetensors"}),
+    "models": ({"core", "models"}, {"torch", "numpy", "safetensors", "huggingface_hub", "transformers"}),
     "toy": ({"core", "models", "toy"}, {"torch", "numpy", "safetensors", "torchmetrics", "tqdm", "PIL"}),
     "app": ({"core", "models", "app"}, {"torch", "numpy", "matplotlib", "PIL"}),
     "cli": ({"core", "models", "cli"}, {"torch", "numpy", "tqdm", "PIL"}),

@@ -30,6 +30,7 @@ from ..core.rules import RULES, AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.trees import DraftTree, parse_draft, usable_depth
 from ..models.bundle import Bundle
+from ..models.registry import EXAMPLE_PROMPTS
 from .common import (
     OneLineParser,
     add_model_arguments,
@@ -82,7 +83,16 @@ def quartiles(values: list[float]) -> list[float]:
     return [float(np.percentile(values, 25)), float(np.percentile(values, 75))]
 
 
-def time_image(bundle: Bundle, methods: list[tuple[str, dict]], rules: list[AcceptanceRule], class_id: int,
+def benchmark_conditions(bundle: Bundle) -> list:
+    """Image i's condition: class i mod C, or for a text model the example prompts in turn (encoded once)."""
+    if bundle.config.text_conditioned:
+        if bundle.text_encoder is None:
+            raise ValueError("this text-to-image model has no text encoder (model.json names no t5)")
+        return bundle.text_encoder(list(EXAMPLE_PROMPTS))
+    return list(range(bundle.config.num_classes))
+
+
+def time_image(bundle: Bundle, methods: list[tuple[str, dict]], rules: list[AcceptanceRule], condition,
                seed: int, draft: DraftTree, sampling: SamplingConfig, repeats: int) -> list[tuple[Generation, float]]:
     """One (class, seed) for every method, ``repeats`` times, interleaved across methods so that a change in
     machine load hits all of them alike. Per method: the generation of median latency (median-low for an even
@@ -91,11 +101,11 @@ def time_image(bundle: Bundle, methods: list[tuple[str, dict]], rules: list[Acce
     gens: list[list[Generation]] = [[] for _ in methods]
     for _ in range(repeats):
         for runs, rule in zip(gens, rules):
-            runs.append(generate(bundle, class_id, rule, draft, sampling, seed=seed))
+            runs.append(generate(bundle, condition, rule, draft, sampling, seed=seed))
     out = []
     for runs, (name, params) in zip(gens, methods):
         if any(g.tokens != runs[0].tokens for g in runs):
-            raise NotDeterministic(f"{method_label(name, params)} gave different tokens for class {class_id}, seed "
+            raise NotDeterministic(f"{method_label(name, params)} gave different tokens for {condition!r}, seed "
                                f"{seed} across repeats: decoding is not deterministic, repeated timings are invalid")
         by_time = sorted(runs, key=lambda g: g.stats.seconds["total"])
         out.append((by_time[(len(by_time) - 1) // 2], statistics.median(g.stats.seconds["total"] for g in runs)))
@@ -110,16 +120,16 @@ def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | D
     if not any(name == "ar" for name, _ in methods):
         methods.insert(0, ("ar", {}))
     tree = parse_draft(draft, usable_depth(bundle.config.image_tokens))
-    classes = bundle.config.num_classes
+    conditions = benchmark_conditions(bundle)
     rules = [build_rule(name, params, tree.depth, bundle.neighbours) for name, params in methods]  # once per method
     for rule in rules:  # warm up
         for i in range(warmup):
-            generate(bundle, i % classes, rule, tree, sampling, seed=10**9 + i)
+            generate(bundle, conditions[i % len(conditions)], rule, tree, sampling, seed=10**9 + i)
     gens: list[list[Generation]] = [[] for _ in methods]
     latency: list[list[float]] = [[] for _ in methods]
     bar = tqdm(total=images * len(methods) * repeats, desc="bench", disable=not progress, file=sys.stderr)
     for i in range(images):
-        timed = time_image(bundle, methods, rules, i % classes, seed + i, tree, sampling, repeats)
+        timed = time_image(bundle, methods, rules, conditions[i % len(conditions)], seed + i, tree, sampling, repeats)
         for m, (generation, seconds) in enumerate(timed):
             gens[m].append(generation)
             latency[m].append(seconds)

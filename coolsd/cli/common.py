@@ -24,6 +24,8 @@ from ..models.bundle import (
     set_threads,
 )
 from ..models.config import CONFIGS, ModelConfig
+from ..models.registry import class_names, model_file, preset_names, read_spec
+from ..models.registry import model_config as registry_config
 
 SAMPLING_OPTIONS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
 
@@ -46,7 +48,8 @@ class ModelInfo:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared with the benchmark: which model, where, and the sampling transform. Numbers are read
     as text and checked by :func:`check_model_args`, so every range error has coolsd.params' wording."""
-    parser.add_argument("--model", default=None, help="model bundle directory (default: the shipped model)")
+    parser.add_argument("--model", default=None, help="a preset (" + ", ".join(preset_names()) + "), a directory "
+                        "with model.json, or a bundle directory (default: the shipped model)")
     parser.add_argument("--random-init", choices=["tiny", "small"], default=None,
                         help="use a randomly initialised target/drafter pair instead of a trained model")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -61,10 +64,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def model_info(model: str | None, random_init: str | None) -> ModelInfo:
-    """The model's shape and class names, from its config.json (or the random-init preset)."""
+    """The model's shape and class names, read without its weights: from a preset or ``model.json``, from a
+    bundle's config.json, or from the random-init shape."""
     if random_init:
         config = CONFIGS[random_init]
         return ModelInfo(config, [f"class {i}" for i in range(config.num_classes)])
+    described = model_file(model) if model else None
+    if described is not None:
+        spec = read_spec(described)
+        config = registry_config(spec)
+        return ModelInfo(config, class_names(spec, config))
     path = Path(model) if model else DEFAULT_MODEL
     if not (path / "config.json").is_file():
         raise ValueError(f"no model bundle at {path} (expected config.json and *.safetensors)")

@@ -36,6 +36,33 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 SCALE = Param("scale", 1, 64, 8, 1, "PNG enlargement", integer=True)
 
 
+def condition_of(args: argparse.Namespace) -> int | str:
+    """``--class`` for a class model (a class index), ``--prompt`` for a text model (encoded once it loads)."""
+    if args.info.config.text_conditioned:
+        if args.class_label is not None:
+            raise ValueError("this is a text-to-image model: give --prompt, not --class")
+        if not (args.prompt or "").strip():
+            raise ValueError("this is a text-to-image model: give --prompt \"a description of the image\"")
+        return args.prompt.strip()
+    if args.prompt is not None:
+        raise ValueError("this is a class-to-image model: give --class, not --prompt")
+    return class_index(args.info.class_names, args.class_label if args.class_label is not None else "0")
+
+
+def encode(bundle, condition: int | str):
+    """The generation's condition: a class index as it is, a prompt through the model's text encoder."""
+    if not isinstance(condition, str):
+        return condition
+    if bundle.text_encoder is None:
+        raise ValueError("this text-to-image model has no text encoder (model.json names no t5)")
+    return bundle.text_encoder([condition])[0]
+
+
+def scale_for(pixels: np.ndarray, scale: int | None) -> int:
+    """The given enlargement, else 8 for small images and 1 from 128 px up."""
+    return scale if scale is not None else (1 if max(pixels.shape[:2]) >= 128 else SCALE.default)
+
+
 def class_index(class_names: list[str], label: str) -> int:
     """A class by index or by (case-insensitive) name."""
     names = [n.lower() for n in class_names]
@@ -67,9 +94,9 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     """Every option of ``generate``, before the model loads; adds ``class_id`` and ``params``."""
     check_output(args.out, "--out", IMAGE_SUFFIXES)
     check_output(args.stats, "--stats")
-    args.scale = SCALE.check(args.scale)
+    args.scale = SCALE.check(args.scale) if args.scale is not None else None
     check_model_args(args)
-    args.class_id = class_index(args.info.class_names, args.class_label)
+    args.condition = condition_of(args)
     args.params = method_params(args)
     tree = args.tree if RULES[args.method].drafts else EMPTY
     check_rule(args.method, args.params, tree.depth, args.info.config.vocab_size)
@@ -95,9 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
             allowed = f"{param.low:g} to {param.high:g}" + "".join(f" or {word}" for word in param.words)
             parser.add_argument(f"--{name}", default=None, dest=f"param_{name}", metavar=name.upper(),
                                 help=f"({takers}) {param.help}; {allowed}, default {param.default}")
-    parser.add_argument("--class", dest="class_label", default="0", help="class index or name")
+    parser.add_argument("--class", dest="class_label", default=None, help="class index or name (class models; "
+                        "default 0)")
+    parser.add_argument("--prompt", default=None, help="the caption (text-to-image models)")
     parser.add_argument("--out", type=Path, default=None, help="image file (PNG, or another common format)")
-    parser.add_argument("--scale", default=str(SCALE.default), help="enlargement of the image (nearest neighbour)")
+    parser.add_argument("--scale", default=None, help="enlargement of the image (nearest neighbour; default 8, "
+                        "or 1 for images of 128 px or more)")
     parser.add_argument("--stats", type=Path, default=None, help="JSON file for the statistics")
     add_model_arguments(parser)
     return parser
@@ -112,9 +142,11 @@ def generate_image(argv: list[str] | None) -> int:
     args = check_args(build_parser().parse_args(argv))
     bundle = load_model(args)
     rule = build_rule(args.method, args.params, args.tree.depth, bundle.neighbours)
-    result = generate(bundle, args.class_id, rule, args.tree, sampling_from(args.overrides, bundle), args.seed)
+    result = generate(bundle, encode(bundle, args.condition), rule, args.tree, sampling_from(args.overrides, bundle),
+                      args.seed)
     if args.out:
-        save_image(bundle.image(result.tokens), args.out, args.scale)
+        pixels = bundle.image(result.tokens)
+        save_image(pixels, args.out, scale_for(pixels, args.scale))
     if args.stats:
         args.stats.write_text(json.dumps(result.stats.to_dict(), indent=1) + "\n")
     stats = result.stats

@@ -133,7 +133,8 @@ def prefill(run: Run, condition: Any) -> State:
         token = sample(to_numpy(probabilities(logits, run.sampling))[0], run.rng)
     run.stats.rounds.append(Round(0, [], [], [], {}, [token], FIRST))
     run.stats.emit(FIRST)
-    return State([token], [token], hidden, prefix.embeds[:, 1:] if length > 1 else None)
+    lead = run.drafter.lead_inputs(prefix.embeds) if run.tree.size and length > 1 else None
+    return State([token], [token], hidden, lead)
 
 
 def decode_round(run: Run, state: State) -> State:

@@ -74,6 +74,10 @@ class Drafter(Protocol):
     def embed(self, tokens: Tensor) -> Tensor:
         """(T,) tokens -> (T, dim) embeddings of the drafter's input (its own table, or the target's)."""
 
+    def lead_inputs(self, prefix_embeds: Tensor) -> Tensor:
+        """The next inputs paired with prefix slots 0..P-2 at the prefill, (rows, P-1, dim), given the target's
+        prefix embeddings (rows, P, dim): the prefix's own next slots for our Eagle head, token 0 for LANTERN's."""
+
     def new_cache(self, rows: int, max_len: int) -> Cache: ...
 
     def __call__(self, inputs: Tensor, features: Tensor, positions: Tensor, cache: Cache, offset: int = 0,

@@ -49,6 +49,33 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+NEIGHBOURS_KEPT = 64  # columns of the neighbour table worth keeping: LANTERN++'s k is at most 50 (+1 for its residual)
+DISK_CACHE_CODES = 4096  # codebooks at least this large keep their table on disk (16384 codes: a few seconds)
+
+
+def cache_dir() -> Path:
+    """Where computed tables are kept: ``COOLSD_CACHE``, else ``~/.cache/coolsd``."""
+    return Path(os.environ.get("COOLSD_CACHE") or Path.home() / ".cache" / "coolsd")
+
+
+def neighbour_table(codebook: Tensor, count: int) -> np.ndarray:
+    """``nearest_codes`` for the first ``count`` columns only (the full table of a 16384-code book would be
+    16384 x 16383 x 2 B = 512 MB), read from or written to the disk cache for a large codebook, keyed by the
+    codebook's bytes."""
+    if codebook.shape[0] < DISK_CACHE_CODES:
+        return nearest_codes(codebook, count)
+    import hashlib
+    key = hashlib.sha256(codebook.float().cpu().numpy().tobytes()).hexdigest()[:16]
+    path = cache_dir() / "neighbours" / f"{key}-{count}.npy"
+    if path.exists():
+        return np.load(path).astype(np.int64)
+    table = nearest_codes(codebook, count)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path.with_suffix(".tmp.npy"), table.astype(np.int16 if codebook.shape[0] <= 32768 else np.int32))
+    path.with_suffix(".tmp.npy").replace(path)
+    return table
+
+
 @dataclass
 class Bundle:
     """Everything a generation needs. ``decoder`` turns tokens into an RGB picture (default: each token's code
@@ -64,6 +91,7 @@ class Bundle:
     decoder: ImageDecoder | None = None
     quality: Callable[[list[np.ndarray], list[int]], dict] | None = None
     info: dict = field(default_factory=dict)
+    text_encoder: Callable[[list[str]], list] | None = None  # prompts -> Caption conditions (text models)
     path: Path | None = None  # the directory it was loaded from (None: built in memory)
     _neighbours: dict = field(default_factory=dict, repr=False)
 
@@ -84,10 +112,11 @@ class Bundle:
         return self.target.device
 
     def neighbours(self, count: int) -> np.ndarray:
-        """Each code's ``count`` nearest other codes (LANTERN++), computed once per bundle."""
+        """Each code's ``count`` nearest other codes (LANTERN++), computed once per bundle; for a large codebook
+        also kept on disk (:func:`neighbour_table`)."""
         cached = self._neighbours.get("table")
         if cached is None or cached.shape[1] < min(count, self.codebook.shape[0] - 1):
-            cached = nearest_codes(self.codebook, max(count, 16))
+            cached = neighbour_table(self.codebook, max(count, NEIGHBOURS_KEPT))
             self._neighbours["table"] = cached
         return cached[:, :count]
 
@@ -148,7 +177,13 @@ def load_extras(path: Path, config: ModelConfig) -> dict[str, Any]:
 
 
 def load_bundle(path: str | Path | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Bundle:
-    """Load a saved bundle (default: the shipped model) onto ``device`` (default: CUDA if present)."""
+    """Load a model onto ``device`` (default: CUDA if present, in bf16 there): the shipped model by default, one
+    of our bundle directories, or a ``model.json`` model or preset (:mod:`coolsd.models.registry`)."""
+    from .registry import load_model_json, model_file
+    described = model_file(path) if path else None
+    if described is not None:
+        bundle = load_model_json(described, device)
+        return bundle.to(bundle.device, dtype or (torch.bfloat16 if bundle.device.type == "cuda" else None))
     path = Path(path) if path else DEFAULT_MODEL
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model bundle at {path} (expected config.json and *.safetensors)")

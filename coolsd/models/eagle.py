@@ -40,6 +40,10 @@ class Drafter(nn.Module):
             raise RuntimeError("this drafter embeds tokens with its target's table: call share_embedding(target)")
         return self.shared[0](tokens)
 
+    def lead_inputs(self, prefix_embeds: Tensor) -> Tensor:
+        """Slot s < P-1 is paired with the prefix's embedding at s + 1: the target's next input (Eagle's rule)."""
+        return prefix_embeds[:, 1:]
+
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         p = self.fc.weight
         return KVCache(1, rows, self.config.n_head, self.config.head_dim, max_len, p.device, p.dtype)

@@ -309,7 +309,8 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def logits(self, features: Tensor) -> Tensor:
-        return self.output(features)
+        """float32 logits, as LlamaGen returns them."""
+        return self.output(features).float()
 
     def embed(self, tokens: Tensor) -> Tensor:
         return self.tok_embeddings(tokens)

@@ -1,0 +1,136 @@
+"""Models by name: a model is a directory with ``model.json`` (or one of our own bundles, ``config.json``), and
+a preset is such a file shipped in ``assets/models/`` whose files are hub references. One call turns any of
+them into a :class:`~coolsd.models.bundle.Bundle`.
+
+``model.json`` (the contract outside tools rely on)::
+
+    {"family": "llamagen",
+     "gpt": "<file>", "vq": "<file>", "drafter": "<dir>", "t5": "<dir or hub id>",   (drafter and t5 optional)
+     "model_args": {LlamaGen ModelArgs: "dim", "n_layer", "n_head", "vocab_size", "num_classes",
+                    "cls_token_num", "caption_dim", "model_type": "c2i"|"t2i", "block_size"},
+     "vq_args": {"codebook_size", "codebook_embed_dim", "encoder_ch_mult", "decoder_ch_mult", "z_channels"},
+     "class_names": [...] or "imagenet", "sampling": {"cfg_scale", "temperature", "top_k", "top_p"}}
+
+A file is a path relative to the ``model.json`` (or absolute), or ``hf://owner/repo/path/in/repo`` (a directory:
+``hf://owner/repo``), fetched with ``huggingface_hub`` into its cache; ``HF_HUB_OFFLINE=1`` is honoured.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..core.sampling import SamplingConfig
+from .config import ModelConfig
+
+PRESETS = Path(__file__).resolve().parents[2] / "assets" / "models"
+HUB = "hf://"
+FAMILIES = ("llamagen",)
+EXAMPLE_PROMPTS = (  # for text models: the app's examples and the benchmark's conditions, in turn
+    "A photo of a red fox sitting in fresh snow.",
+    "A bowl of ramen with a soft-boiled egg, top view.",
+    "An old lighthouse on a rocky coast at sunset.",
+    "A watercolor painting of a hot air balloon over green hills.",
+    "A close-up of a hummingbird drinking from a purple flower.",
+    "A cozy reading corner with a yellow armchair and a tall bookshelf.",
+)
+
+
+def preset_names() -> list[str]:
+    """The shipped presets (``assets/models/<name>.json``)."""
+    return sorted(path.stem for path in PRESETS.glob("*.json") if path.stem != "imagenet_classes")
+
+
+def model_file(spec: str | Path) -> Path | None:
+    """The ``model.json`` a ``--model`` value names (a preset name, a directory, or the file), or None when it
+    names one of our own bundles (a directory with ``config.json``) instead."""
+    text = str(spec)
+    if (PRESETS / f"{text}.json").is_file() and not Path(text).exists():
+        return PRESETS / f"{text}.json"
+    path = Path(text)
+    if path.is_file() and path.suffix == ".json":
+        return path
+    if (path / "model.json").is_file():
+        return path / "model.json"
+    if (path / "config.json").is_file():
+        return None
+    presets = ", ".join(preset_names()) or "none"
+    raise ValueError(f"no model at {text}: expected a preset name ({presets}), a directory with model.json, "
+                     "or a bundle directory with config.json")
+
+
+def read_spec(path: Path) -> dict:
+    """The parsed ``model.json``, with its required fields checked."""
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"unreadable model file {path}: {error}") from None
+    if spec.get("family") not in FAMILIES:
+        raise ValueError(f"{path}: family must be one of {', '.join(FAMILIES)}, got {spec.get('family')!r}")
+    for key in ("gpt", "vq", "model_args", "vq_args"):
+        if key not in spec:
+            raise ValueError(f"{path}: missing field {key!r}")
+    return spec
+
+
+def model_config(spec: dict) -> ModelConfig:
+    """Our config of the target a ``model.json`` describes (read without any weights)."""
+    from .llamagen import config_from_args
+    return config_from_args(spec["model_args"])
+
+
+def class_names(spec: dict, config: ModelConfig) -> list[str]:
+    """The class names a ``model.json`` gives: a list, or ``"imagenet"`` (shipped with the presets)."""
+    names = spec.get("class_names", [])
+    if names == "imagenet":
+        names = json.loads((PRESETS / "imagenet_classes.json").read_text())
+    if config.text_conditioned:
+        return []
+    return list(names) or [f"class {i}" for i in range(config.num_classes)]
+
+
+def resolve(value: str, base: Path, directory: bool = False) -> Path:
+    """A file (or directory) of a ``model.json``: local, or fetched from the hub into its cache."""
+    if not value.startswith(HUB):
+        path = (base / value) if not Path(value).is_absolute() else Path(value)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} (named in {base / 'model.json'}) does not exist")
+        return path
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    owner, repo, *rest = value[len(HUB):].split("/")
+    try:
+        if directory or not rest:
+            return Path(snapshot_download(f"{owner}/{repo}"))
+        return Path(hf_hub_download(f"{owner}/{repo}", "/".join(rest)))
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(f"{value} is not in the local Hugging Face cache and cannot be downloaded "
+                                "(offline: HF_HUB_OFFLINE is set, or no network); download it where there is a "
+                                "network, or point model.json at a local copy") from None
+
+
+def load_model_json(path: Path, device: str | None = None) -> Any:
+    """A LlamaGen-family model (target, optional drafter, VQ-16 decoder, optional T5) as a Bundle."""
+    from .bundle import Bundle, pick_device
+    from .lantern import load_lantern_drafter
+    from .llamagen import load_llamagen_gpt
+    from .vq16 import load_vq16
+
+    spec, base = read_spec(path), path.parent
+    config = model_config(spec)
+    target = load_llamagen_gpt(resolve(spec["gpt"], base), spec["model_args"])
+    drafter = load_lantern_drafter(resolve(spec["drafter"], base, True), config) if spec.get("drafter") else None
+    image = load_vq16(resolve(spec["vq"], base), spec["vq_args"], (config.grid_height, config.grid_width))
+    text_encoder = None
+    if config.text_conditioned and spec.get("t5"):
+        from .text import CaptionEncoder
+        t5 = spec["t5"]
+        text_encoder = CaptionEncoder(str(resolve(t5, base, True)) if t5.startswith(HUB) or (base / t5).exists()
+                                      else t5, slots=config.cls_token_num)
+    bundle = Bundle(target, drafter, image.codebook, name=spec.get("name", path.parent.name if path.name ==
+                                                                   "model.json" else path.stem),
+                    class_names=class_names(spec, config), sampling=SamplingConfig(**spec.get("sampling", {})),
+                    decoder=image, info=spec, path=path.parent, text_encoder=text_encoder)
+    return bundle.to(pick_device(device))
