@@ -37,11 +37,12 @@ from typing import Any, TypedDict  # noqa: E402
 
 import gradio as gr  # noqa: E402
 
-from coolsd.app import session, views  # noqa: E402
+from coolsd.app import models, session, views  # noqa: E402
 from coolsd.app.controls import OMEGA_LINE, control_defaults, drafting_labels, method_boxes, slider_start, word_label  # noqa: E402
 from coolsd.core.params import PARAMS, Choice, Param, check, clip  # noqa: E402
 from coolsd.core.rules import param as method_param  # noqa: E402
-from coolsd.models.bundle import load_bundle, random_bundle, set_threads  # noqa: E402
+from coolsd.models.bundle import Bundle, load_bundle, random_bundle, set_threads  # noqa: E402
+from coolsd.models.registry import EXAMPLE_PROMPTS  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: the GPU is attached only inside functions wrapped by spaces.GPU
     import spaces
@@ -65,6 +66,7 @@ BUNDLE = load_model()
 if spaces is None:  # on ZeroGPU, CUDA work may only run inside spaces.GPU functions
     say("warming up")
     session.warm_up(BUNDLE)
+MODELS = models.Models(BUNDLE)  # the selector's models: the default now, the others loaded on first use
 
 
 def schema(name: str):
@@ -80,16 +82,22 @@ PRESETS = {  # button -> the control values it sets
 }
 
 
-def defaults() -> dict[str, Any]:
+def model_defaults(bundle: Bundle) -> dict[str, Any]:
+    """A model's own starting values: its default class (the second, as before) and its sampling settings."""
+    names, sampling = bundle.class_names, bundle.sampling
+    return {"class_name": names[1] if len(names) > 1 else (names[0] if names else None),
+            "cfg_scale": sampling.cfg_scale, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p}
+
+
+def defaults(bundle: Bundle | None = None) -> dict[str, Any]:
     """Every control's starting (and Reset) value by value name (``session.value_names``), read from the rule
-    registry now."""
+    registry now; class and sampling from ``bundle`` (default: the default model's)."""
     values: dict[str, Any] = {"method": DEFAULT_METHOD}
     for control in session.method_controls():
         values.update(control_defaults(control))
-    sampling = BUNDLE.sampling
-    return {**values, "draft": "chain:5", "class_name": BUNDLE.class_names[1], "seed": 0,
-            "cfg_scale": sampling.cfg_scale, "temperature": sampling.temperature, "top_k": sampling.top_k,
-            "top_p": sampling.top_p}
+    return {**values, "draft": "chain:5", "seed": 0, **model_defaults(bundle or BUNDLE), "model": models.DEFAULT,
+            "prompt": EXAMPLE_PROMPTS[0]}
 
 
 DEFAULTS = defaults()
@@ -147,10 +155,28 @@ def checked(compute):
                        print_exception=False) from None
 
 
-def parse(values) -> session.Request:
-    """Validate the control values (``session.value_names`` order) into a ``session.Request`` (a readable
-    error otherwise)."""
-    return checked(lambda: session.parse_controls(BUNDLE, values))
+def parse(values, progress=None) -> tuple[Bundle, session.Request]:
+    """Validate the control values (``session.value_names`` order) into the chosen model (loaded on first use)
+    and a ``session.Request`` (a readable error otherwise)."""
+    names = session.value_names()
+    if len(values) != len(names):  # parse_controls says what is wrong
+        return BUNDLE, checked(lambda: session.parse_controls(BUNDLE, values))
+    named = dict(zip(names, values))
+    bundle = checked(lambda: MODELS.get(named["model"], progress))
+    named["model"] = MODELS.key(named["model"])
+    return bundle, checked(lambda: session.parse_controls(bundle, list(named.values())))
+
+
+def bundle_of(request: session.Request) -> Bundle:
+    """The model a validated request was made for (already loaded)."""
+    return MODELS.get(request.model)
+
+
+def condition_text(bundle: Bundle, request: session.Request) -> str:
+    """What the image was conditioned on, for the caption."""
+    if request.class_id is None:
+        return f"prompt *“{request.prompt}”*"
+    return f"class *{bundle.class_names[request.class_id]}*"
 
 
 def with_progress(callback: Callable) -> Callable:
@@ -164,16 +190,17 @@ def with_progress(callback: Callable) -> Callable:
 
 def on_generate(*values, progress=None):
     """The Generate button: validate, run, and show both images (figures and timings follow)."""
-    request = parse(values)
+    bundle, request = parse(values, progress)
     started = time.perf_counter()
     result = checked(lambda: run_comparison(request, progress))
-    log.info("generate %s class=%d seed=%d: %.2fs", request.label, request.class_id, request.seed,
+    condition = f"class={request.class_id}" if request.class_id is not None else f"prompt={clip(request.prompt, 60)!r}"
+    log.info("generate %s model=%s %s seed=%d: %.2fs", request.label, request.model, condition, request.seed,
              time.perf_counter() - started)
     rounds = len(result.method.stats.rounds)
     return (gr.update(value=views.enlarge(result.images["method"]), label=request.label),
             views.enlarge(result.images["eagle"]), views.timing_table(result),
-            (f"**{request.label}** (left) and **Eagle-1, lossless** (right): class "
-             f"*{BUNDLE.class_names[request.class_id]}*, seed {request.seed}."),
+            (f"**{request.label}** (left) and **Eagle-1, lossless** (right): {condition_text(bundle, request)}, "
+             f"seed {request.seed}."),
             gr.update(maximum=max(1, rounds - 1), value=0), result)
 
 
@@ -181,11 +208,12 @@ def on_figures(result, metric):
     """Every figure of the last generation (drawn after the images are on screen)."""
     if result is None:
         return [gr.skip()] * 8
-    figs = views.figures(BUNDLE, result)
+    bundle = bundle_of(result.request)
+    figs = views.figures(bundle, result)
     theory_fig, theory_md = theory_outputs(result, result.request, "last generation", 0)
     return (figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
-            views.replay_figure(BUNDLE, result, 0), theory_fig, theory_md,
-            views.tradeoff_figure(BUNDLE, result, metric))
+            views.replay_figure(bundle, result, 0), theory_fig, theory_md,
+            views.tradeoff_figure(bundle, result, metric))
 
 
 def on_timing(result):
@@ -198,11 +226,11 @@ def on_timing(result):
 
 
 def run_comparison(request, progress):
-    return session.compare(BUNDLE, request, progress)
+    return session.compare(bundle_of(request), request, progress)
 
 
 def measure(request, repeats: int = session.TIMING_REPEATS):
-    return session.measure_speed(BUNDLE, request, repeats)
+    return session.measure_speed(bundle_of(request), request, repeats)
 
 
 if spaces is not None:
@@ -219,7 +247,7 @@ def theory_outputs(result, request, source, toy_seed):
         return None, "Generate an image first, or choose *toy distributions*."
     try:
         figure, table, note = views.theory_panel(
-            BUNDLE, result, request, "toy" if source == "toy distributions" else "captured",
+            bundle_of(request), result, request, "toy" if source == "toy distributions" else "captured",
             PARAMS["seed"].check(toy_seed))
     except ValueError as error:
         return None, f"⚠️ {error}"
@@ -230,8 +258,12 @@ def on_theory(result, *values):
     """Recompute the theory panel when a slider moves (no new generation). ``values``: the controls
     (``session.value_names`` order), then the (p, q) source and the toy seed."""
     *controls, source, toy_seed = values
+    names = session.value_names()
+    bundle = MODELS.peek(controls[names.index("model")]) if len(controls) == len(names) else BUNDLE
+    if bundle is None:  # a model not loaded yet: the panel follows once it is
+        return None, "Choose a model and generate first."
     try:
-        request = session.parse_controls(BUNDLE, controls)
+        request = session.parse_controls(bundle, controls)
     except ValueError as error:
         return None, f"⚠️ {error}"
     return theory_outputs(result, request, source, toy_seed)
@@ -269,7 +301,7 @@ def on_replay(result, round_index):
         index = int(round_index)
     except (TypeError, ValueError):
         return gr.skip()
-    return views.replay_figure(BUNDLE, result, index)
+    return views.replay_figure(bundle_of(result.request), result, index)
 
 
 def on_play(result):
@@ -303,18 +335,32 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
                  lam: float = 5.0, draft: str = "chain:5", class_name: str = DEFAULTS["class_name"], seed: int = 0,
                  cfg_scale: float = DEFAULTS["cfg_scale"], temperature: float = DEFAULTS["temperature"],
                  top_k: int = DEFAULTS["top_k"], top_p: float = DEFAULTS["top_p"], schedule: str = "exp",
-                 timing_repeats: int = 0) -> GenerateResult:
+                 timing_repeats: int = 0, model: str = "", prompt: str = "") -> GenerateResult:
     """Generate with one method and with lossless Eagle-1: both images (PNG base64 and pixels), tokens and
     statistics. ``mu`` is "auto" or a number. ``timing_repeats`` > 0 also times AR, Eagle-1 and the method
-    that many times each, interleaved. Parameter ranges: see the README."""
+    that many times each, interleaved. ``model``: one of the app's model choices (empty: the default model);
+    a text model takes ``prompt`` instead of ``class_name``; with another model, a class or sampling value left
+    at its default stands for that model's default. Parameter ranges: see the README."""
     params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule}
-    request = checked(lambda: session.parse_request(BUNDLE, method, params, draft, class_name, seed, cfg_scale,
-                                                    temperature, top_k, top_p))
+    bundle = checked(lambda: MODELS.get(model))
+    key = MODELS.key(model)
+    given = {"class_name": class_name, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
+             "top_p": top_p}
+    if bundle is not BUNDLE:  # the documented defaults are the default model's: untouched ones follow the model
+        own = model_defaults(bundle)
+        given = {name: own[name] if isinstance(value, (str, int, float)) and value == DEFAULTS[name] else value
+                 for name, value in given.items()}
+    request = checked(lambda: session.parse_request(
+        bundle, method, params, draft, given["class_name"], seed, given["cfg_scale"], given["temperature"],
+        given["top_k"], given["top_p"], prompt=prompt, model=key))
     repeats = checked(lambda: check("timing_repeats", timing_repeats))
     result = checked(lambda: run_comparison(request, None))
     if repeats:
         result.timing = checked(lambda: measure(request, repeats))  # on ZeroGPU too, like the UI's timing
     return views.api_payload(result)
+
+
+OPTIONAL_TRAILING = {"generate": ["", ""]}  # /generate's model and prompt, added later: clients may leave them out
 
 
 class Explorer(gr.Blocks):
@@ -324,8 +370,13 @@ class Explorer(gr.Blocks):
     named: dict  # set by build_demo: value names (session.value_names) and output names -> components
 
     def validate_inputs(self, block_fn, inputs):
-        if len(inputs) != len(block_fn.inputs):
-            message = f"/{block_fn.api_name} takes {len(block_fn.inputs)} values, got {len(inputs)}"
+        optional = OPTIONAL_TRAILING.get(block_fn.api_name, [])
+        wanted = len(block_fn.inputs)
+        if wanted - len(optional) <= len(inputs) < wanted:  # a client of the older contract: defaults follow
+            inputs.extend(optional[len(inputs) - wanted:])
+        if len(inputs) != wanted:
+            count = f"{wanted - len(optional)} to {wanted}" if optional else str(wanted)
+            message = f"/{block_fn.api_name} takes {count} values, got {len(inputs)}"
             log.info("rejected request: %s", message)
             raise gr.Error(message, title="Invalid request", print_exception=False)
 
@@ -383,8 +434,11 @@ def method_panel(start: dict) -> tuple[dict, list[gr.Column]]:
 
 
 def settings_panel(start: dict) -> tuple[dict, list[gr.Column]]:
-    """The left column: method, presets, the method's controls, draft, class, seed, sampling, Generate."""
-    named: dict = {"method": gr.Radio(list(session.method_entries()), value=start["method"], label="Method")}
+    """The left column: model, method, presets, the method's controls, draft, class or prompt, seed, sampling,
+    Generate."""
+    named: dict = {"model": gr.Dropdown([(choice.label, choice.key) for choice in MODELS.choices()],
+                                        value=start["model"], label="Model", elem_id="model")}
+    named["method"] = gr.Radio(list(session.method_entries()), value=start["method"], label="Method")
     with gr.Row():
         named["presets"] = {gr.Button(text, size="sm"): values for text, values in PRESETS.items()}
         named["reset"] = gr.Button("Reset", size="sm")
@@ -392,7 +446,14 @@ def settings_panel(start: dict) -> tuple[dict, list[gr.Column]]:
     named.update(controls)
     named["draft"] = gr.Dropdown(session.DRAFTS, value=start["draft"], label="Draft structure",
                                  visible=start["method"] in drafting_labels())
-    named["class_name"] = gr.Dropdown(BUNDLE.class_names, value=start["class_name"], label="Class")
+    text = session.text_model(BUNDLE)
+    named["class_name"] = gr.Dropdown(BUNDLE.class_names, value=start["class_name"], label="Class",
+                                      visible=not text, elem_id="class-name")
+    with gr.Column(visible=text) as named["prompt_box"]:
+        named["prompt"] = gr.Textbox(value=start["prompt"], label="Prompt", lines=2, max_lines=6,
+                                     max_length=session.PROMPT_CHARS, elem_id="prompt")
+        named["examples"] = gr.Dropdown(list(EXAMPLE_PROMPTS), value=None, label="Example prompts",
+                                        elem_id="example-prompts")
     with gr.Row():
         named["seed"] = gr.Number(value=start["seed"], precision=0, label="Seed", minimum=PARAMS["seed"].low,
                                   maximum=PARAMS["seed"].high)
@@ -453,8 +514,38 @@ def theory_tab() -> dict:
     return named
 
 
-def on_metric(result, metric):
-    return views.tradeoff_figure(BUNDLE, result, metric)
+def on_metric(result, metric, model=""):
+    bundle = bundle_of(result.request) if result is not None else MODELS.peek(model) or BUNDLE
+    return views.tradeoff_figure(bundle, result, metric)
+
+
+MODEL_OUTPUTS = ("model", "class_name", "prompt_box", "top_k", "cfg_scale", "temperature", "top_p", "tradeoff_plot",
+                 "model_state")
+
+
+def on_model(choice, previous, metric="fid", progress=None):
+    """The model selector: load the chosen model (first use only), then show its class dropdown or prompt box,
+    its top-k range, its sampling defaults and its trade-off figure (``MODEL_OUTPUTS``). A model that cannot be
+    loaded is a notice, and the selection goes back to ``previous``."""
+    try:
+        bundle = MODELS.get(choice, progress)
+    except ValueError as error:
+        log.info("model not loaded: %s", clip(str(error), 300))
+        gr.Warning(clip(str(error), 400), title="Model not available")
+        return (gr.update(value=previous), *[gr.skip()] * (len(MODEL_OUTPUTS) - 2), previous)
+    start, text = model_defaults(bundle), session.text_model(bundle)
+    return (gr.skip(), gr.update(choices=bundle.class_names, value=start["class_name"], visible=not text),
+            gr.update(visible=text), gr.update(maximum=bundle.config.vocab_size, value=start["top_k"]),
+            start["cfg_scale"], start["temperature"], start["top_p"],
+            views.tradeoff_figure(bundle, None, metric if metric in ("fid", "judge_accuracy") else "fid"),
+            MODELS.key(choice))
+
+
+def on_reset(model):
+    """Reset: every control's starting value, with the chosen model's class and sampling (not the model, nor
+    the prompt)."""
+    start = defaults(MODELS.peek(model) or BUNDLE)
+    return [start[name] for name in session.value_names() if name not in session.CONDITION]
 
 
 def random_seed() -> int:
@@ -472,14 +563,19 @@ def wire_generation(ui: dict) -> None:
             "tradeoff_plot")], **PRIVATE).then(
         on_timing, ui["result"], [ui["timings"], ui["result"]], concurrency_id="generate", show_progress="minimal",
         **PRIVATE)
-    method_values = [ui[name] for name in session.value_names() if name not in session.COMMON]
+    method_values = [ui[name] for name in session.value_names()
+                     if name not in session.COMMON and name not in session.CONDITION]
     gr.on([control.change for control in (*method_values, ui["source"], ui["toy_seed"])], on_theory,
           [ui["result"], *inputs, ui["source"], ui["toy_seed"]], [ui["theory_plot"], ui["theory_md"]],
           show_progress="hidden", **PRIVATE)
     ui["round_slider"].change(on_replay, [ui["result"], ui["round_slider"]], ui["replay_plot"],
                               show_progress="hidden", **PRIVATE)
     ui["play"].click(on_play, ui["result"], ui["round_slider"], **PRIVATE)
-    ui["metric"].change(on_metric, [ui["result"], ui["metric"]], ui["tradeoff_plot"], **PRIVATE)
+    ui["metric"].change(on_metric, [ui["result"], ui["metric"], ui["model"]], ui["tradeoff_plot"], **PRIVATE)
+    ui["model"].input(with_progress(on_model), [ui["model"], ui["model_state"], ui["metric"]],
+                      [ui[name] for name in MODEL_OUTPUTS], concurrency_id="generate", **PRIVATE)
+    ui["examples"].input(lambda example: (example or gr.skip(), None), ui["examples"],
+                         [ui["prompt"], ui["examples"]], **PRIVATE)
 
 
 def wire_controls(demo: gr.Blocks, ui: dict, boxes: list[gr.Column], start: dict) -> None:
@@ -500,8 +596,8 @@ def wire_controls(demo: gr.Blocks, ui: dict, boxes: list[gr.Column], start: dict
     ui["dice"].click(random_seed, None, ui["seed"], **PRIVATE)
     for button, values in ui["presets"].items():
         button.click(lambda values=values: list(values.values()), None, [ui[name] for name in values], **PRIVATE)
-    names = session.value_names()
-    ui["reset"].click(lambda: [start[name] for name in names], None, [ui[name] for name in names], **PRIVATE)
+    names = [name for name in session.value_names() if name not in session.CONDITION]
+    ui["reset"].click(on_reset, ui["model"], [ui[name] for name in names], **PRIVATE)
 
 
 def build_demo() -> Explorer:
@@ -509,7 +605,7 @@ def build_demo() -> Explorer:
     the call gets its controls); ``demo.named`` maps names (value names, outputs) to components."""
     start = defaults()
     with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # image files: an hour
-        named: dict = {"result": gr.State(None)}
+        named: dict = {"result": gr.State(None), "model_state": gr.State(start["model"])}
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=1, min_width=300):

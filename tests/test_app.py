@@ -205,7 +205,7 @@ def test_parse_request_checks_only_what_the_method_takes():
         session.parse_request(app.BUNDLE, "COOL-SD", {"delta": 10}, *common)
     with pytest.raises(ValueError, match="method parameters must be a mapping"):
         session.parse_request(app.BUNDLE, "COOL-SD", [2.0], *common)
-    with pytest.raises(ValueError, match="expected 15 control values"):
+    with pytest.raises(ValueError, match="expected 17 control values"):
         session.parse_controls(app.BUNDLE, controls()[:3])
 
 

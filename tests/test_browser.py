@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 from playwright.sync_api import expect, sync_playwright
+from test_model_json import model_dir  # noqa: F401 (a tiny text-to-image model.json directory, for the selector)
 
 from coolsd.app.session import value_names  # the order of the app's control values
 
@@ -40,11 +41,13 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """``python app.py`` on a free localhost port, as a user would start it."""
+def server(tmp_path_factory, model_dir):  # noqa: F811
+    """``python app.py`` on a free localhost port, as a user would start it, offline, with the tiny text model
+    in its model selector."""
     port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
-    env = dict(os.environ, GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False")
+    env = dict(os.environ, GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False",
+               COOLSD_MODELS=str(model_dir), HF_HUB_OFFLINE="1")
     env.pop("COOLSD_THREADS", None)
     started = time.perf_counter()
     with open(log, "w") as out:
@@ -275,14 +278,16 @@ GOOD = ["COOL-SD", 2.0, 0.7, "auto", 10, 5.0, "chain:5", "Trouser", 0, 2.0, 1.0,
 
 
 @pytest.mark.parametrize("name, data, needle", [
-    ("generate", ["COOL-SD", 2.0], "/generate takes 15 values, got 2"),
-    ("generate", GOOD + [1, 2], "/generate takes 15 values, got 17"),
+    ("generate", ["COOL-SD", 2.0], "/generate takes 15 to 17 values, got 2"),
+    ("generate", GOOD + ["", "", 3], "/generate takes 15 to 17 values, got 18"),
+    ("generate", GOOD + [1, 2], "model must be a string"),
+    ("generate", GOOD + ["no-such-model"], "model must be one of"),
     ("generate", [["COOL-SD"]] + GOOD[1:], "method must be one of"),
     ("generate", GOOD[:8] + [float("nan")] + GOOD[9:], "seed must be a finite number"),
     ("generate", GOOD[:7] + ["x" * 1_000_000] + GOOD[8:], "class must be one of"),
     ("generate", GOOD[:1] + [10.0] + GOOD[2:], "delta must be between 0.05 and 5"),
-    ("on_theory", [None] * 18, "Could not preprocess"),
-    ("on_theory", [None] * 3, "takes 18 values, got 3"),
+    ("on_theory", [None] * 20, "Could not preprocess"),
+    ("on_theory", [None] * 3, "takes 20 values, got 3"),
 ])
 def test_malformed_api_calls_get_one_readable_error_and_one_log_line(server, name, data, needle):
     log_before = server.log.read_text().splitlines()
@@ -329,7 +334,7 @@ def test_server_memory_levels_off_over_ui_generations(server):
         session = sessions[n % len(sessions)]
         values = {"method": methods[n % 4], "delta": 2.0, "nu": 0.7, "mu_auto": True, "mu": 0.0, "schedule": "exp",
                   "k": 10, "lambda": 5.0, "draft": drafts[n // 4 % 4], "class_name": "Trouser", "seed": n,
-                  "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+                  "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "model": "default", "prompt": ""}
         ui_call(server, session, fn["on_generate"], [values[name] for name in value_names()])
         ui_call(server, session, fn["on_figures"], [None, "fid"])
         if n % 4 == 0:  # timing repeats every run 5 times: a quarter of the clicks keeps the test short
@@ -367,3 +372,18 @@ def test_eight_parallel_api_clients_match_single_requests(server):
         assert result["eagle"]["tokens"] == single["eagle"]["tokens"]
         assert result["method"]["stats"]["seed"] == seed
     assert len({tuple(r["method"]["tokens"]) for r in parallel}) == len(seeds)
+
+
+def test_browser_switches_to_a_text_model_and_generates_from_a_prompt(server, browser, model_dir):  # noqa: F811
+    page = open_page(browser, server.url)
+    expect(page.locator("#prompt")).to_be_hidden()
+    expect(page.locator("#class-name")).to_be_visible()
+    page.get_by_label("Model").click()
+    page.get_by_role("option", name="tiny text-to-image").click()
+    expect(page.locator("#prompt textarea")).to_be_visible(timeout=60000)
+    expect(page.locator("#class-name")).to_be_hidden()
+    page.locator("#prompt textarea").fill("a red fox in the snow")
+    generate_and_wait(page, timings=False)
+    expect(page.get_by_text("a red fox in the snow").first).to_be_visible()
+    sizes = page.locator(".pixelated img").evaluate_all("els => els.map(e => e.naturalWidth)")
+    assert sizes == [80, 80], sizes  # the tiny model's 8 px, enlarged 10x

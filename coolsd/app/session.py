@@ -21,6 +21,8 @@ from ..models.bundle import Bundle
 
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES]
 COMMON = ("draft", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")  # after the method's values
+CONDITION = ("model", "prompt")  # last: the chosen model (a key of coolsd.app.models) and a text model's prompt
+PROMPT_CHARS = 1000  # the longest prompt accepted (T5 reads at most the model's caption slots anyway)
 TIMING_REPEATS = 5
 
 
@@ -86,9 +88,9 @@ def method_controls() -> list[MethodControl]:
 
 def value_names(controls: list[MethodControl] | None = None) -> list[str]:
     """The names of the app's control values, in the order its callbacks take them: the method, each method
-    control's values, then the draft, class, seed and sampling settings."""
+    control's values, then the draft, class, seed and sampling settings, then the model and prompt."""
     controls = method_controls() if controls is None else controls
-    return ["method", *(name for control in controls for name in control.value_names), *COMMON]
+    return ["method", *(name for control in controls for name in control.value_names), *COMMON, *CONDITION]
 
 
 def raw_params(values: dict, label: str, controls: list[MethodControl]) -> dict:
@@ -104,14 +106,16 @@ def raw_params(values: dict, label: str, controls: list[MethodControl]) -> dict:
 
 
 def parse_controls(bundle: Bundle, values: Sequence) -> Request:
-    """A :class:`Request` from the app's control values, in :func:`value_names` order."""
+    """A :class:`Request` from the app's control values, in :func:`value_names` order; ``bundle`` is the model
+    the values' ``model`` names (the caller loads it)."""
     controls = method_controls()
     names = value_names(controls)
     if len(values) != len(names):
         raise ValueError(f"expected {len(names)} control values ({', '.join(names)}), got {len(values)}")
     named = dict(zip(names, values))
     label = choice("method", named["method"], method_entries())
-    return parse_request(bundle, label, raw_params(named, label, controls), *(named[name] for name in COMMON))
+    return parse_request(bundle, label, raw_params(named, label, controls), *(named[name] for name in COMMON),
+                         prompt=named["prompt"], model=named["model"])
 
 
 @dataclass(frozen=True)
@@ -122,11 +126,13 @@ class Request:
     method: str
     params: tuple
     draft: str
-    class_id: int
+    class_id: int | None  # None for a text model
     seed: int
     sampling: SamplingConfig
     rule: AcceptanceRule = field(compare=False)  # built once, from method and params
     tree: DraftTree = field(compare=False)
+    model: str = ""  # the model's key in the app's selector ("" or "default": the shipped model)
+    prompt: str = ""  # a text model's prompt ("" for a class model)
 
     @property
     def param_dict(self) -> dict:
@@ -143,14 +149,32 @@ def method_params(name: str, fixed: dict, raw: Mapping) -> dict:
     return params
 
 
+def check_prompt(prompt) -> str:
+    """A text model's prompt: a non-empty string of at most :data:`PROMPT_CHARS` characters, stripped."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"prompt must be a non-empty text for a text-to-image model, got {shorten(prompt)}")
+    if len(prompt) > PROMPT_CHARS:
+        raise ValueError(f"prompt must be at most {PROMPT_CHARS} characters, got {len(prompt)}")
+    return prompt.strip()
+
+
+def text_model(bundle: Bundle) -> bool:
+    return bool(getattr(bundle.config, "text_conditioned", False))
+
+
 def parse_request(bundle: Bundle, method: str, params: Mapping, draft: str, class_name: str, seed, cfg_scale,
-                  temperature, top_k, top_p) -> Request:
+                  temperature, top_k, top_p, prompt="", model: str = "") -> Request:
     """Validate raw UI/API values (any type may arrive) into a :class:`Request`: ``method`` is an entry's UI
-    label, ``params`` its parameters by name (ranges from the rule registry and ``coolsd.core.params``)."""
+    label, ``params`` its parameters by name (ranges from the rule registry and ``coolsd.core.params``). A text
+    model takes ``prompt`` and ignores ``class_name``; a class model ignores ``prompt``. ``model``: the bundle's
+    key in the app's selector, kept in the request (and the cache keys)."""
     entries = method_entries()
     name, fixed = entries[choice("method", method, entries)]
     choice("draft structure", draft, DRAFTS)
-    choice("class", class_name, bundle.class_names)
+    if text_model(bundle):
+        prompt, class_id = check_prompt(prompt), None
+    else:
+        prompt, class_id = "", bundle.class_names.index(choice("class", class_name, bundle.class_names))
     if not isinstance(params, Mapping):
         raise ValueError(f"method parameters must be a mapping of name to value, got {shorten(params)}")
     checked = method_params(name, fixed, params)
@@ -158,8 +182,8 @@ def parse_request(bundle: Bundle, method: str, params: Mapping, draft: str, clas
                               top_k=check("top_k", top_k, high=bundle.config.vocab_size), top_p=check("top_p", top_p))
     tree = parse_draft(draft)
     rule = build_rule(name, checked, tree.depth, bundle.neighbours)  # refuses e.g. a too steep linear nu
-    return Request(method, name, tuple(sorted(checked.items())), draft, bundle.class_names.index(class_name),
-                   check("seed", seed), sampling, rule, tree)
+    return Request(method, name, tuple(sorted(checked.items())), draft, class_id, check("seed", seed), sampling, rule,
+                   tree, model if isinstance(model, str) else "", prompt)
 
 
 class ResultCache:
@@ -182,6 +206,18 @@ class ResultCache:
 
 
 EAGLE_CACHE = ResultCache()
+CAPTIONS = ResultCache(64)  # encoded prompts, by model and prompt
+
+
+def condition(bundle: Bundle, request: Request):
+    """What ``generate`` conditions on: the class index, or the prompt encoded by the model's text encoder
+    (cached per model and prompt)."""
+    if request.class_id is not None:
+        return request.class_id
+    if bundle.text_encoder is None:
+        raise ValueError(f"model {bundle.name} is text-to-image but has no text encoder")
+    return CAPTIONS.get_or_run((request.model, bundle.name, request.prompt),
+                               lambda: bundle.text_encoder([request.prompt])[0])
 
 
 @dataclass
@@ -199,8 +235,9 @@ class Comparison:
 def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
     """Run the chosen method and (cached per setting) lossless Eagle-1 for one request; no timing yet."""
     say = progress or (lambda *args, **kwargs: None)
-    sampling, cls, seed = request.sampling, request.class_id, request.seed
-    eagle_key = (bundle.name, request.draft, cls, seed, sampling)
+    sampling, seed = request.sampling, request.seed
+    cls = condition(bundle, request)
+    eagle_key = (request.model, bundle.name, request.draft, request.class_id, request.prompt, seed, sampling)
 
     def run_eagle() -> Generation:
         return generate(bundle, cls, Eagle(), request.tree, sampling, seed, capture=True)
@@ -250,10 +287,11 @@ def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEAT
     if request.method not in runs:
         runs["method"] = request.rule
     order = list(runs)
+    cls = condition(bundle, request)
     seconds: dict[str, list[float]] = {run: [] for run in runs}
     for repeat in range(repeats):
         for run in order[repeat % len(order):] + order[:repeat % len(order)]:
-            generation = generate(bundle, request.class_id, runs[run], request.tree, request.sampling, request.seed)
+            generation = generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed)
             seconds[run].append(generation.stats.seconds["total"])
     if "method" not in seconds:  # AR or Eagle-1 chosen: it is one of the two
         seconds["method"] = seconds[request.method]

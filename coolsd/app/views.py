@@ -21,12 +21,22 @@ from . import plots
 from .session import DRAFTS, Comparison, Request, choice, flag, method_entries
 
 DISPLAY_SCALE = 10
+NATIVE_SIZE = 128  # images this large or larger are shown at 1x; smaller ones enlarged DISPLAY_SCALE times
 BENCH_FILE = "bench_results.json"  # the benchmark a bundle directory may ship (coolsd.bench --out)
 
 
-def enlarge(pixels: np.ndarray, scale: int = DISPLAY_SCALE) -> Image.Image:
-    """Upscale without blur, so each pixel stays a crisp square."""
+def display_scale(pixels: np.ndarray) -> int:
+    """How many times an image is enlarged for display: small ones (under NATIVE_SIZE px) DISPLAY_SCALE times,
+    larger ones not at all (native resolution)."""
+    return DISPLAY_SCALE if max(pixels.shape[:2]) < NATIVE_SIZE else 1
+
+
+def enlarge(pixels: np.ndarray, scale: int | None = None) -> Image.Image:
+    """Upscale a small image without blur, so each pixel stays a crisp square; a large one stays at 1x."""
     image = Image.fromarray(pixels)
+    scale = display_scale(pixels) if scale is None else scale
+    if scale == 1:
+        return image
     return image.resize((image.width * scale, image.height * scale), Image.NEAREST)
 
 

@@ -111,6 +111,32 @@ def resolve(value: str, base: Path, directory: bool = False) -> Path:
                                 "network, or point model.json at a local copy") from None
 
 
+def hub_references(spec: dict) -> list[tuple[str, bool]]:
+    """A ``model.json``'s hub references as (value, is a directory): files and directories given as ``hf://``,
+    and a T5 given as a bare hub id (``owner/name``)."""
+    refs = []
+    for key, directory in (("gpt", False), ("vq", False), ("drafter", True), ("t5", True)):
+        value = spec.get(key)
+        if isinstance(value, str) and value.startswith(HUB):
+            refs.append((value, directory))
+        elif key == "t5" and isinstance(value, str) and not Path(value).is_absolute() and value.count("/") == 1:
+            refs.append((value, True))
+    return refs
+
+
+def hub_cached(value: str, directory: bool = False, cache_dir: str | None = None) -> bool:
+    """Whether a hub reference (``hf://owner/repo/file``, ``hf://owner/repo``, or a bare ``owner/repo`` for a
+    directory) is in the local Hugging Face cache. Never downloads, never raises."""
+    try:
+        from huggingface_hub import snapshot_download, try_to_load_from_cache
+        owner, repo, *rest = value.removeprefix(HUB).split("/")
+        if rest and not directory:
+            return isinstance(try_to_load_from_cache(f"{owner}/{repo}", "/".join(rest), cache_dir=cache_dir), str)
+        return Path(snapshot_download(f"{owner}/{repo}", local_files_only=True, cache_dir=cache_dir)).is_dir()
+    except Exception:  # not cached, or an unreadable cache: not available offline
+        return False
+
+
 def load_model_json(path: Path, device: str | None = None) -> Any:
     """A LlamaGen-family model (target, optional drafter, VQ-16 decoder, optional T5) as a Bundle."""
     from .bundle import Bundle, pick_device
