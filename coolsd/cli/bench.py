@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="timings per (image, method), interleaved across methods; the median counts")
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the results")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="time the parts of a round (AR step, verification of chain:5, tree:eagle25, tree:wide57, "
+                             "a drafter level, host-side acceptance, image decoding) and the speed-ups they imply")
     add_model_arguments(parser)
     return parser
 
@@ -239,10 +242,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def profile_parts(args: argparse.Namespace, bundle: Bundle) -> int:
+    """``--profile``: each part of a round timed (``--repeats``, default 20), the speed-ups they imply, and
+    ``--images`` whole images per method."""
+    from .profile import format_profile, profile
+    result = profile(bundle, sampling_from(args.overrides, bundle), repeats=args.repeats if args.repeats > 1 else 20,
+                     images=args.images, seed=args.seed)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(format_profile(result))
+    return 0
+
+
 def benchmark(argv: list[str] | None) -> int:
     """Check every option and method spec, load the model, run, write the JSON, print warnings and the table."""
     args = check_args(build_parser().parse_args(argv))
     bundle = load_model(args)
+    if args.profile:
+        return profile_parts(args, bundle)
     result = run_benchmark(bundle, args.methods, args.images, args.tree, sampling_from(args.overrides, bundle),
                            args.seed, args.warmup, not args.no_progress, repeats=args.repeats)
     if args.out:

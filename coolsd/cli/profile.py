@@ -1,0 +1,190 @@
+"""``python -m coolsd.bench --profile``: what one round's parts cost, measured, and the speed-ups they imply.
+
+A speculative round costs one verification forward (root + draft tree), one drafter step per draft level and
+the host-side acceptance walk; it emits ``tau`` tokens on average, where AR emits one per step. So the speed-up
+over AR implied by the parts is ``tau * ar_step / (verify + depth * drafter_level + acceptance)``: below
+``tau`` by exactly what a round costs beyond one AR step. Every part is timed after warm-up, as the median
+with its quartiles over repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..core.decode import State, draft, generate, to_numpy
+from ..core.rules import AR, CoolSD, Eagle
+from ..core.sampling import SamplingConfig, probabilities
+from ..core.trees import DraftTree, parse_draft
+from ..core.verify import verify
+from ..models.bundle import Bundle
+
+PAPER_TAUS = {"Eagle-1": 2.42, "LANTERN++": 2.67, "COOL-SD delta=1.1": 2.73, "COOL-SD delta=2": 3.34}
+DRAFTS = ("chain:5", "tree:eagle25", "tree:wide57")
+
+
+def timed(step: Callable[[], object], repeats: int, warmup: int, sync: Callable[[], None]) -> dict:
+    """Median and quartiles (seconds) of ``step`` over ``repeats`` runs after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        step()
+    sync()
+    seconds = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        step()
+        sync()
+        seconds.append(time.perf_counter() - began)
+    return {"median_s": statistics.median(seconds), "iqr_s": [float(np.percentile(seconds, q)) for q in (25, 75)],
+            "repeats": repeats}
+
+
+class Setting:
+    """A target and drafter cache filled to half an image, the state a round starts from mid-image."""
+
+    def __init__(self, bundle: Bundle, sampling: SamplingConfig, tree: DraftTree, seed: int = 0) -> None:
+        self.bundle, self.sampling, self.tree = bundle, sampling, tree
+        target, device = bundle.target, bundle.device
+        rows, prefix = sampling.rows, target.prefix_length
+        self.start = target.image_tokens // 2  # image tokens already emitted
+        self.max_len = prefix + target.image_tokens + tree.size
+        generator = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(0, target.vocab_size, (self.start,), generator=generator).to(device)
+        self.rows, self.device = rows, device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def target_cache(self):
+        """A target cache holding the prefix and the emitted tokens but the last (the next round's root)."""
+        target = self.bundle.target
+        cache = target.new_cache(self.rows, self.max_len)
+        filled = target.prefix_length + self.start - 1
+        cache.length = filled  # the keys' values do not change the cost of attending to them
+        return cache
+
+    def drafter_state(self) -> tuple[object, State]:
+        drafter = self.bundle.drafter
+        cache = drafter.new_cache(self.rows, self.max_len)
+        cache.length = self.bundle.target.prefix_length + self.start - 2
+        features = torch.zeros(self.rows, 1, self.bundle.config.dim, device=self.device,
+                               dtype=next(drafter.parameters()).dtype)
+        return cache, State(self.tokens.tolist(), self.tokens[-1:].tolist(), features)
+
+
+@torch.inference_mode()
+def verification(setting: Setting, tree: DraftTree) -> Callable[[], object]:
+    """One target forward over root + ``tree`` (the empty tree: one AR step), then its logits."""
+    target = setting.bundle.target
+    cache = setting.target_cache()
+    index = tree.tensors(setting.device)
+    nodes = torch.zeros(tree.size + 1, dtype=torch.long, device=setting.device)
+    positions = target.prefix_length - 1 + setting.start + index["depths"]
+
+    def step():
+        with torch.inference_mode():
+            hidden = target(target.embed(nodes)[None].expand(setting.rows, -1, -1), positions, cache, 0,
+                            index["mask"] if tree.size else None)
+            return target.logits(hidden)
+    return step
+
+
+def drafter_level(setting: Setting) -> Callable[[], object]:
+    """One drafter level of a chain: catch up one pair, draft one token (its forward, head, transform, draw)."""
+    one = parse_draft("chain:1")
+
+    def step():
+        with torch.inference_mode():
+            cache, state = setting.drafter_state()
+            return draft(setting.bundle.drafter, setting.bundle.target, cache, one, state, setting.sampling,
+                         setting.generator)
+    return step
+
+
+def acceptance(setting: Setting, tree: DraftTree) -> Callable[[], object]:
+    """The host side of a round: the transform of root + tree logits, float64 on the CPU, and the walk."""
+    with torch.inference_mode():
+        logits = verification(setting, tree)()
+        q = probabilities(verification(setting, tree)(), setting.sampling).roll(1, dims=-1)
+    ranked = torch.argsort(q, dim=-1, descending=True)  # a child of rank r drafts its parent's r-th likeliest
+    drafted = [0] + [int(ranked[tree.parent[node], tree.paths[node - 1][-1]]) for node in range(1, tree.size + 1)]
+    valid, rule = [True] * (tree.size + 1), Eagle()
+    rng = np.random.default_rng(0)
+
+    def step():
+        p_rows = to_numpy(probabilities(logits, setting.sampling))
+        return verify(tree, drafted, valid, p_rows, to_numpy(q), rule, rng)
+    return step
+
+
+def wall_clock(bundle: Bundle, sampling: SamplingConfig, images: int, seed: int) -> dict:
+    """Whole images with AR, Eagle-1 chain:5 and COOL-SD delta=2 chain:5, interleaved: latency and tau."""
+    tree = parse_draft("chain:5")
+    runs = {"AR": AR(), "Eagle-1 chain:5": Eagle(), "COOL-SD delta=2 chain:5": CoolSD(delta=2.0, depth=tree.depth)}
+    out = {name: {"seconds": [], "tau": []} for name in runs}
+    for i in range(images):
+        condition = i % bundle.config.num_classes if not bundle.config.text_conditioned else None
+        for name, rule in runs.items():
+            result = generate(bundle, condition, rule, tree, sampling, seed + i)
+            out[name]["seconds"].append(result.stats.seconds["total"])
+            out[name]["tau"].append(result.stats.tau)
+    ar = statistics.median(out["AR"]["seconds"])
+    return {name: {"latency_median_s": statistics.median(v["seconds"]), "tau": float(np.mean(v["tau"])),
+                   "speedup_vs_ar": ar / statistics.median(v["seconds"])} for name, v in out.items()}
+
+
+def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup: int = 3, images: int = 2,
+            seed: int = 0) -> dict:
+    """Every part's time, the speed-ups they imply at the paper's tau, and measured whole-image speed-ups."""
+    device = bundle.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    widest = parse_draft(DRAFTS[-1], None).truncated(bundle.target.image_tokens // 2 - 2)
+    setting = Setting(bundle, sampling, widest, seed)
+    parts = {"ar_step": timed(verification(setting, DraftTree(())), repeats, warmup, sync)}
+    for spec in DRAFTS:
+        tree = parse_draft(spec).truncated(bundle.target.image_tokens // 2 - 2)
+        parts[f"verify {spec}"] = timed(verification(setting, tree), repeats, warmup, sync)
+        parts[f"acceptance {spec}"] = timed(acceptance(setting, tree), repeats, warmup, sync)
+    if bundle.drafter is not None:
+        parts["drafter_level"] = timed(drafter_level(setting), repeats, warmup, sync)
+    tokens = torch.randint(0, bundle.config.vocab_size, (bundle.config.image_tokens,)).tolist()
+    parts["image_decode"] = timed(lambda: bundle.image(tokens), max(3, repeats // 4), 1, sync)
+    return {"model": bundle.name, "device": str(device), "dtype": str(next(bundle.target.parameters()).dtype),
+            "threads": torch.get_num_threads(), "parts": parts, "implied": implied(parts),
+            "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None and
+            not bundle.config.text_conditioned else {}}
+
+
+def implied(parts: dict) -> dict:
+    """Implied (not measured) speed-up over AR at the paper's tau, per draft: tau * ar / round."""
+    ar = parts["ar_step"]["median_s"]
+    level = parts.get("drafter_level", {}).get("median_s", 0.0)
+    out = {}
+    for spec in DRAFTS:
+        depth = parse_draft(spec).depth
+        round_s = parts[f"verify {spec}"]["median_s"] + depth * level + parts[f"acceptance {spec}"]["median_s"]
+        out[spec] = {"round_over_ar_step": round_s / ar,
+                     **{f"at tau {tau} ({name})": tau * ar / round_s for name, tau in PAPER_TAUS.items()}}
+    return out
+
+
+def format_profile(result: dict) -> str:
+    """A Markdown summary: measured parts (ms, and in AR steps), implied and measured speed-ups."""
+    ar = result["parts"]["ar_step"]["median_s"]
+    lines = [f"### Profile: {result['model']} on {result['device']} ({result['dtype']}, {result['threads']} "
+             "thread(s))", "", "| part (measured) | median ms | quartiles ms | / AR step |", "|---|---|---|---|"]
+    for name, part in result["parts"].items():
+        low, high = part["iqr_s"]
+        lines.append(f"| {name} | {1000 * part['median_s']:.3f} | {1000 * low:.3f}-{1000 * high:.3f} | "
+                     f"{part['median_s'] / ar:.2f} |")
+    lines += ["", "| draft | round / AR step | " + " | ".join(f"implied at tau {t}" for t in PAPER_TAUS.values())
+              + " |", "|---" * (2 + len(PAPER_TAUS)) + "|"]
+    for spec, row in result["implied"].items():
+        values = [v for k, v in row.items() if k.startswith("at tau")]
+        lines.append(f"| {spec} | {row['round_over_ar_step']:.2f} | " + " | ".join(f"{v:.2f}x" for v in values) + " |")
+    if result["measured"]:
+        lines += ["", "| whole images (measured) | latency ms | tau | speed-up vs AR |", "|---|---|---|---|"]
+        lines += [f"| {name} | {1000 * v['latency_median_s']:.1f} | {v['tau']:.2f} | {v['speedup_vs_ar']:.2f}x |"
+                  for name, v in result["measured"].items()]
+    return "\n".join(lines)
