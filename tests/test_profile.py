@@ -3,6 +3,8 @@ the cost model (checked by recomputing them here; no timing is asserted)."""
 
 import json
 
+import torch
+
 from coolsd.cli import bench
 
 PARTS = ["ar_step", "verify chain:5", "acceptance chain:5", "verify tree:eagle25", "acceptance tree:eagle25",
@@ -29,3 +31,33 @@ def test_profile_reports_every_part_and_the_speedups_they_imply(tmp_path, capsys
     assert measured["Eagle-1 chain:5"]["tau"] > 1.0
     printed = capsys.readouterr().out
     assert "implied at tau 2.42" in printed and "whole images (measured)" in printed
+
+
+def test_random_init_offers_llamagen_shapes_read_without_weights():
+    """``--random-init`` at the paper's shapes (for ``--profile``): the text XL shape is LlamaGen's stage I model
+    and is checked before any weight is built."""
+    from coolsd.cli.common import model_info
+    from coolsd.models.config import CONFIGS, RANDOM_INIT_SIZES
+    from coolsd.models.llamagen import LLAMAGEN_ARGS, config_from_args
+
+    assert {"llamagen-b", "llamagen-t2i-xl"} <= set(RANDOM_INIT_SIZES)
+    assert CONFIGS["llamagen-t2i-xl"] == config_from_args(LLAMAGEN_ARGS["t2i-xl-stage1-256"])
+    assert CONFIGS["llamagen-b"] == config_from_args(LLAMAGEN_ARGS["c2i-b-256"])
+    info = model_info(None, "llamagen-t2i-xl")
+    assert info.config.prefix_length == 120 and info.config.image_tokens == 256
+
+
+def test_profile_of_a_text_shaped_model_measures_whole_images(tmp_path, monkeypatch):
+    """A text-conditioned target (random weights, random captions) goes through every part and whole images."""
+    from coolsd.cli import profile
+    from coolsd.core.sampling import SamplingConfig
+    from coolsd.models.bundle import Bundle
+    from coolsd.models.config import ModelConfig
+    from coolsd.models.eagle import Drafter
+    from coolsd.models.gpt import Transformer
+
+    config = ModelConfig(vocab_size=16, dim=32, n_layer=1, n_head=2, grid_height=4, grid_width=4, multiple_of=16,
+                         cls_token_num=6, caption_dim=12)
+    bundle = Bundle(Transformer(config).eval(), Drafter(config).eval(), torch.randn(16, 8))
+    result = profile.profile(bundle, SamplingConfig(cfg_scale=2.0), repeats=2, warmup=1, images=1)
+    assert list(result["parts"]) == PARTS and result["measured"]["AR"]["tau"] == 1.0

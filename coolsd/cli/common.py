@@ -23,7 +23,7 @@ from ..models.bundle import (
     random_bundle,
     set_threads,
 )
-from ..models.config import CONFIGS, ModelConfig
+from ..models.config import CONFIGS, RANDOM_INIT_SIZES, ModelConfig
 from ..models.registry import class_names, model_file, preset_names, read_spec
 from ..models.registry import model_config as registry_config
 
@@ -50,7 +50,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     as text and checked by :func:`check_model_args`, so every range error has coolsd.params' wording."""
     parser.add_argument("--model", default=None, help="a preset (" + ", ".join(preset_names()) + "), a directory "
                         "with model.json, or a bundle directory (default: the shipped model)")
-    parser.add_argument("--random-init", choices=["tiny", "small"], default=None,
+    parser.add_argument("--random-init", choices=list(RANDOM_INIT_SIZES), default=None,
                         help="use a randomly initialised target/drafter pair instead of a trained model")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--draft", default="chain:5", help="chain:L or tree:<preset> (eagle25, wide57)")

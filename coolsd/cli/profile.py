@@ -22,6 +22,7 @@ from ..core.sampling import SamplingConfig, probabilities
 from ..core.trees import DraftTree, parse_draft
 from ..core.verify import verify
 from ..models.bundle import Bundle
+from ..models.gpt import Caption
 
 PAPER_TAUS = {"Eagle-1": 2.42, "LANTERN++": 2.67, "COOL-SD delta=1.1": 2.73, "COOL-SD delta=2": 3.34}
 DRAFTS = ("chain:5", "tree:eagle25", "tree:wide57")
@@ -118,13 +119,20 @@ def acceptance(setting: Setting, tree: DraftTree) -> Callable[[], object]:
     return step
 
 
+def random_caption(config, seed: int) -> Caption:
+    """A stand-in caption for random weights: random features in every slot, none padded."""
+    features = torch.randn(config.cls_token_num, config.caption_dim, generator=torch.Generator().manual_seed(seed))
+    return Caption(features, torch.ones(config.cls_token_num, dtype=torch.bool), "random caption")
+
+
 def wall_clock(bundle: Bundle, sampling: SamplingConfig, images: int, seed: int) -> dict:
     """Whole images with AR, Eagle-1 chain:5 and COOL-SD delta=2 chain:5, interleaved: latency and tau."""
     tree = parse_draft("chain:5")
     runs = {"AR": AR(), "Eagle-1 chain:5": Eagle(), "COOL-SD delta=2 chain:5": CoolSD(delta=2.0, depth=tree.depth)}
     out = {name: {"seconds": [], "tau": []} for name in runs}
     for i in range(images):
-        condition = i % bundle.config.num_classes if not bundle.config.text_conditioned else None
+        condition = random_caption(bundle.config, seed + i) if bundle.config.text_conditioned else \
+            i % bundle.config.num_classes
         for name, rule in runs.items():
             result = generate(bundle, condition, rule, tree, sampling, seed + i)
             out[name]["seconds"].append(result.stats.seconds["total"])
@@ -152,8 +160,7 @@ def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup:
     parts["image_decode"] = timed(lambda: bundle.image(tokens), max(3, repeats // 4), 1, sync)
     return {"model": bundle.name, "device": str(device), "dtype": str(next(bundle.target.parameters()).dtype),
             "threads": torch.get_num_threads(), "parts": parts, "implied": implied(parts),
-            "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None and
-            not bundle.config.text_conditioned else {}}
+            "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None else {}}
 
 
 def implied(parts: dict) -> dict:

@@ -82,5 +82,9 @@ CONFIGS: dict[str, ModelConfig] = {
                               grid_height=16, grid_width=16),
     "llamagen-xl": ModelConfig(vocab_size=16384, dim=1280, n_layer=36, n_head=20, num_classes=1000,
                                grid_height=16, grid_width=16),
+    # LlamaGen-XL text-to-image, stage I: 120 caption slots of 2048-d FLAN-T5 features, 16x16 tokens.
+    "llamagen-t2i-xl": ModelConfig(vocab_size=16384, dim=1280, n_layer=36, n_head=20, num_classes=1000,
+                                   grid_height=16, grid_width=16, cls_token_num=120, caption_dim=2048),
 }
-RANDOM_INIT_SIZES = ("tiny", "small")  # the shapes --random-init offers (small enough for a CPU)
+# The shapes --random-init offers: tiny and small for tests and CPUs, the LlamaGen ones for profiling real shapes.
+RANDOM_INIT_SIZES = ("tiny", "small", "llamagen-b", "llamagen-l", "llamagen-xl", "llamagen-t2i-xl")
