@@ -40,7 +40,7 @@ import gradio as gr  # noqa: E402
 from coolsd.app import models, session, views  # noqa: E402
 from coolsd.app.controls import OMEGA_LINE, control_defaults, drafting_labels, method_boxes, slider_start, word_label  # noqa: E402
 from coolsd.core.params import PARAMS, Choice, Param, check, clip  # noqa: E402
-from coolsd.core.rules import param as method_param  # noqa: E402
+from coolsd.core.rules import schema  # noqa: E402
 from coolsd.models.bundle import Bundle, load_bundle, random_bundle, set_threads  # noqa: E402
 from coolsd.models.registry import EXAMPLE_PROMPTS  # noqa: E402
 
@@ -67,11 +67,6 @@ if spaces is None:  # on ZeroGPU, CUDA work may only run inside spaces.GPU funct
     say("warming up")
     session.warm_up(BUNDLE)
 MODELS = models.Models(BUNDLE)  # the selector's models: the default now, the others loaded on first use
-
-
-def schema(name: str):
-    """A parameter's one definition: the rule registry's for method parameters, coolsd.core.params' for others."""
-    return PARAMS[name] if name in PARAMS else method_param(name)
 
 
 DEFAULT_METHOD = "COOL-SD"

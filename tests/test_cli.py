@@ -11,8 +11,7 @@ from PIL import Image
 
 from coolsd.cli import bench, generate
 from coolsd.cli.methods import parse_method
-from coolsd.core.params import PARAMS
-from coolsd.core.rules import param as method_param
+from coolsd.core.rules import schema
 from coolsd.core.trees import parse_draft
 from coolsd.models.bundle import random_bundle
 
@@ -91,7 +90,7 @@ def test_parse_method():
 
 def check(name: str, value):
     """The one definition's verdict on a value: coolsd.core.params, or the rule registry's schema."""
-    return (PARAMS[name] if name in PARAMS else method_param(name)).check(value)
+    return schema(name).check(value)
 
 
 def one_line_error(capsys) -> str:

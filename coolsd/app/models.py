@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.params import shorten
 from ..models import registry
 from ..models.bundle import Bundle, load_bundle
 from ..models.registry import PRESETS, preset_names, read_spec
@@ -99,8 +100,7 @@ class Models:
             return value
         keys = [choice.key for choice in self.choices()]
         if value not in keys:
-            shown = value if len(value) <= 80 else value[:77] + "..."
-            raise ValueError(f"model must be one of: {', '.join(keys)}; got {shown!r}")
+            raise ValueError(f"model must be one of: {', '.join(keys)}; got {shorten(value, 80)}")
         return value
 
     def peek(self, value) -> Bundle | None:

@@ -74,7 +74,6 @@ class Setting:
         return cache, State(self.tokens.tolist(), self.tokens[-1:].tolist(), features)
 
 
-@torch.inference_mode()
 def verification(setting: Setting, tree: DraftTree) -> Callable[[], object]:
     """One target forward over root + ``tree`` (the empty tree: one AR step), then its logits."""
     target = setting.bundle.target
@@ -105,9 +104,8 @@ def drafter_level(setting: Setting) -> Callable[[], object]:
 
 def acceptance(setting: Setting, tree: DraftTree) -> Callable[[], object]:
     """The host side of a round: the transform of root + tree logits, float64 on the CPU, and the walk."""
-    with torch.inference_mode():
-        logits = verification(setting, tree)()
-        q = probabilities(verification(setting, tree)(), setting.sampling).roll(1, dims=-1)
+    logits = verification(setting, tree)()
+    q = probabilities(logits, setting.sampling).roll(1, dims=-1)  # a stand-in draft distribution, unlike p
     ranked = torch.argsort(q, dim=-1, descending=True)  # a child of rank r drafts its parent's r-th likeliest
     drafted = [0] + [int(ranked[tree.parent[node], tree.paths[node - 1][-1]]) for node in range(1, tree.size + 1)]
     valid, rule = [True] * (tree.size + 1), Eagle()

@@ -134,7 +134,7 @@ def prefill(run: Run, condition: Any) -> State:
     run.stats.rounds.append(Round(0, [], [], [], {}, [token], FIRST))
     run.stats.emit(FIRST)
     lead = run.drafter.lead_inputs(prefix.embeds) if run.tree.size and length > 1 else None
-    return State([token], [token], hidden, lead)
+    return State([token], [token], hidden, lead)  # the image so far: extended in place by each round
 
 
 def decode_round(run: Run, state: State) -> State:
@@ -164,18 +164,18 @@ def decode_round(run: Run, state: State) -> State:
     keep = [0] + path
     run.target_cache.commit(keep)
     emitted = [drafted[i] for i in path] + [token]
-    record(run.stats, tree, drafted, valid, path, token, origin, tested, level_prob, n)
-    return State(state.tokens + emitted, emitted, hidden[:, keep])
+    record(run.stats, tree, drafted, valid, path, emitted, origin, tested, level_prob, n)
+    state.tokens.extend(emitted)
+    return State(state.tokens, emitted, hidden[:, keep])
 
 
 def record(stats: GenerationStats, tree: DraftTree, drafted: list[int], valid: list[bool], path: list[int],
-           token: int, origin: str, tested: list, level_prob: dict, start: int) -> None:
+           emitted: list[int], origin: str, tested: list, level_prob: dict, start: int) -> None:
     """Bookkeeping of one round: each emitted token's origin, depth and acceptance probability, and the round."""
     probs_by_node = {c.node: c.accept_prob for c in tested}
     for i in path:
         stats.emit(DRAFT, tree.depths[i], probs_by_node[i])
     stats.emit(origin)
-    emitted = [drafted[i] for i in path] + [token]
     stats.rounds.append(Round(start, drafted[1:], valid[1:], tested, level_prob, emitted, origin))
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .params import Choice, Param, number, shorten
+from .params import PARAMS, Choice, Param, number, shorten
 
 
 def normalise(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -285,6 +285,11 @@ def param(name: str) -> Param | Choice:
             if schema.name == name:
                 return schema
     raise KeyError(name)
+
+
+def schema(name: str) -> Param | Choice:
+    """Any user-facing parameter's one definition: a method parameter's schema, else ``coolsd.core.params``'."""
+    return PARAMS[name] if name in PARAMS else param(name)
 
 
 def check_params(name: str, params: dict | None) -> dict:
