@@ -62,11 +62,12 @@ def load_model():
 
 THREADS = set_threads()
 say(f"loading the model ({THREADS} torch thread{'s' * (THREADS > 1)}; set COOLSD_THREADS to change)")
-BUNDLE = load_model()
+BUNDLE = session.fast_steps(load_model(), zero_gpu=spaces is not None)  # CUDA graphs on a dedicated GPU
 if spaces is None:  # on ZeroGPU, CUDA work may only run inside spaces.GPU functions
     say("warming up")
     session.warm_up(BUNDLE)
-MODELS = models.Models(BUNDLE)  # the selector's models: the default now, the others loaded on first use
+# the selector's models: the default now, the others loaded on first use
+MODELS = models.Models(BUNDLE, lambda key: session.fast_steps(load_bundle(key), zero_gpu=spaces is not None))
 
 
 DEFAULT_METHOD = "COOL-SD"

@@ -69,7 +69,8 @@ def test_timing_is_measured_in_the_request_with_its_spread(generated):
     assert all(len(values) == timing.repeats for values in timing.seconds.values())
     median, low, high = timing.speedup("method")
     assert low <= high and median > 0
-    assert f"{timing.repeats} interleaved repeats" in table and "torch thread" in table
+    assert f"{timing.repeats} interleaved repeats" in table and "CPU thread" in table
+    assert "on cpu (float32, eager steps" in table and timing.to_dict()["device"] == "cpu"  # where it ran
     assert f"{median:.2f}x** ({low:.2f}–{high:.2f})" in table
     assert "measuring" not in table
 

@@ -149,7 +149,7 @@ def test_browser_generate_then_invalid_input(server, browser, tmp_path):
         timings.append(generate_and_wait(page))
     expect(page.get_by_text("speed-up vs AR")).to_be_visible()
     expect(page.locator("table").filter(has_text="COOL-SD")).to_be_visible()
-    expect(page.locator("#timings")).to_contain_text("1 torch thread")
+    expect(page.locator("#timings")).to_contain_text("on cpu (float32, eager steps, 1 CPU thread)")
     (tmp_path / "click_to_images.json").write_text(json.dumps({"seconds": timings}))
     print(f"click to both images: first {timings[0]:.2f}s, then {timings[1]:.2f}s")
     shot = tmp_path / "screenshot.png"

@@ -299,10 +299,12 @@ def text_bundle(drafter: nn.Module, seed: int = 0) -> Bundle:
     return Bundle(target, drafter, codebook, name="lantern-tiny")
 
 
-def test_greedy_eagle_with_the_lantern_drafter_equals_greedy_ar(tiny_dir):
+@pytest.mark.parametrize("steps", ["eager", "static"])  # static: the CUDA path's fixed-shape caches
+def test_greedy_eagle_with_the_lantern_drafter_equals_greedy_ar(tiny_dir, steps):
     drafter = load_lantern_drafter(tiny_dir[0], TINY)
     bundle = text_bundle(drafter)
     assert bundle.drafter is drafter  # share_embedding is a no-op: the drafter keeps its own table
+    bundle = bundle.with_steps(steps)
     greedy = SamplingConfig(cfg_scale=2, top_k=1)
     drafted = 0
     for seed in range(3):

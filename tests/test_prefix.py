@@ -5,7 +5,8 @@ unconditional caption with the same mask). On tiny random models this file prove
 1. The engine's KV cache is exact: in ``decode`` (Eagle-1, chain:3 and tree:eagle25) the target features of
    the prefill and of every round's root + accepted nodes, i.e. everything the emitted tokens were sampled
    from, equal one uncached forward over prefix + image with the mask. The mask matters in this setting: an
-   uncached forward without it, and an engine whose cache forgets it, differ clearly.
+   uncached forward without it, and an engine whose cache forgets it, differ clearly. The same holds with the
+   CUDA path's fixed-shape cache (``--steps static``).
 2. Padding semantics, without trusting the mask code: the spec's mask, built here, is the model's; caption
    features at padded slots reach no image position (cached or not), features at valid slots do.
 3. Eagle-1 is lossless here (spec property 1): images from ``decode`` follow the target's law, enumerated from
@@ -32,6 +33,7 @@ from coolsd.core.sampling import SamplingConfig, probabilities
 from coolsd.core.trees import parse_draft
 from coolsd.models.config import ModelConfig
 from coolsd.models.gpt import Caption, ClassLabel, KVCache, Transformer, attention_mask
+from coolsd.models.steps import StaticKVCache, with_steps
 
 P, CAPTION_DIM, PADDED = 8, 12, 5
 GUIDED = SamplingConfig(cfg_scale=2.0)
@@ -88,14 +90,14 @@ def cached_hidden(target: Transformer, embeds, valid, tokens: list[int]) -> torc
     return torch.cat([first, rest], 1)
 
 
-def engine_features(target, drafter, cap: Caption, draft: str, seed: int):
+def engine_features(target, drafter, cap: Caption, draft: str, seed: int, steps: str = "eager"):
     """Decode one image with Eagle-1 and catch every target forward of the engine: returns the tokens, the
     features (rows, P + N - 1, dim) at the prefix and at each round's root + accepted path (the positions the
     emitted tokens were sampled from), and each round's kept nodes."""
     outputs = []
     hook = target.register_forward_hook(lambda module, args, out: outputs.append(out.clone()))
     try:
-        gen = decode(target, drafter, cap, Eagle(), parse_draft(draft), GUIDED, seed)
+        gen = decode(*with_steps(target, drafter, steps), cap, Eagle(), parse_draft(draft), GUIDED, seed)
     finally:
         hook.remove()
     rounds = gen.stats.rounds[1:]
@@ -104,15 +106,16 @@ def engine_features(target, drafter, cap: Caption, draft: str, seed: int):
     return gen.tokens, torch.cat([outputs[0]] + [out[:, k] for out, k in zip(outputs[1:], keeps)], 1), keeps
 
 
+@pytest.mark.parametrize("steps", ["eager", "static"])  # static: the fixed-shape cache of the CUDA path
 @pytest.mark.parametrize("padded", [PADDED, 0])
 @pytest.mark.parametrize("draft", ["chain:3", "tree:eagle25"])
-def test_engine_cache_matches_uncached_forward(draft, padded, monkeypatch):
+def test_engine_cache_matches_uncached_forward(draft, padded, steps, monkeypatch):
     model = bundle(BIG)
     target, cap = model.target, caption(padded)
     embeds, valid = spec_prefix(target, cap)
     keeps = []
     for seed in range(4):
-        tokens, got, kept = engine_features(target, model.drafter, cap, draft, seed)
+        tokens, got, kept = engine_features(target, model.drafter, cap, draft, seed, steps)
         keeps += kept
         want = full_hidden(target, embeds, valid, torch.tensor([tokens]))[:, 0]
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
@@ -125,8 +128,9 @@ def test_engine_cache_matches_uncached_forward(draft, padded, monkeypatch):
     if padded:  # negative controls: the mask changes the features, and a cache that forgets it is caught
         unmasked = full_hidden(target, embeds, valid, torch.tensor([tokens]), masked=False)[:, 0]
         assert (unmasked - want)[:, P - 1:].abs().max() > 1e-2
-        monkeypatch.setattr(KVCache, "mark_valid", lambda self, valid, offset: None)
-        tokens, got, _ = engine_features(target, model.drafter, cap, draft, 0)
+        for cache_class in (KVCache, StaticKVCache):
+            monkeypatch.setattr(cache_class, "mark_valid", lambda self, valid, offset: None)
+        tokens, got, _ = engine_features(target, model.drafter, cap, draft, 0, steps)
         want = full_hidden(target, embeds, valid, torch.tensor([tokens]))[:, 0]
         assert (got - want)[:, P - 1:].abs().max() > 1e-2
 

@@ -17,7 +17,8 @@ from ..core.params import Choice, Param, check, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig
 from ..core.trees import TREES, DraftTree, chain, parse_draft
-from ..models.bundle import Bundle
+from ..models.bundle import Bundle, device_name
+from ..models.steps import default_mode
 
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES]
 COMMON = ("draft", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")  # after the method's values
@@ -260,6 +261,9 @@ class Timing:
 
     seconds: dict[str, list[float]]  # "ar" | "eagle" | "method" -> one latency per repeat
     threads: int
+    device: str = "cpu"  # e.g. "cuda (NVIDIA H200)"
+    dtype: str = "float32"
+    steps: str = "eager"  # coolsd.models.steps.MODES
 
     @property
     def repeats(self) -> int:
@@ -276,7 +280,8 @@ class Timing:
         return statistics.median(self.seconds["ar"]) / statistics.median(self.seconds[run]), min(ratios), max(ratios)
 
     def to_dict(self) -> dict:
-        return {"repeats": self.repeats, "threads": self.threads, "seconds": self.seconds,
+        return {"repeats": self.repeats, "threads": self.threads, "device": self.device, "dtype": self.dtype,
+                "steps": self.steps, "seconds": self.seconds,
                 **{f"speedup_vs_ar_{run}": self.speedup(run) for run in ("eagle", "method")}}
 
 
@@ -289,13 +294,23 @@ def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEAT
     order = list(runs)
     cls = condition(bundle, request)
     seconds: dict[str, list[float]] = {run: [] for run in runs}
+    if bundle.steps != "eager":  # CUDA graphs are captured (and compiled steps compiled) outside the timed runs
+        for run in order:
+            generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed)
     for repeat in range(repeats):
         for run in order[repeat % len(order):] + order[:repeat % len(order)]:
             generation = generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed)
             seconds[run].append(generation.stats.seconds["total"])
     if "method" not in seconds:  # AR or Eagle-1 chosen: it is one of the two
         seconds["method"] = seconds[request.method]
-    return Timing(seconds, torch.get_num_threads())
+    dtype = str(bundle.dtype).removeprefix("torch.")
+    return Timing(seconds, torch.get_num_threads(), device_name(bundle.device), dtype, bundle.steps)
+
+
+def fast_steps(bundle: Bundle, zero_gpu: bool = False) -> Bundle:
+    """The bundle with its device's fastest steps (CUDA graphs on a GPU). On ZeroGPU each request runs in a
+    fresh worker, so graphs captured in one would be lost: eager steps there."""
+    return bundle.with_steps("eager" if zero_gpu else default_mode(bundle.device))
 
 
 def warm_up(bundle: Bundle) -> None:

@@ -69,7 +69,8 @@ def timing_table(result: Comparison) -> str:
         note = "Latencies are being measured: AR, Eagle-1 and this method, interleaved, in this request."
     else:
         note = (f"Latency: median (min–max) of {timing.repeats} interleaved repeats of AR, Eagle-1 and this method "
-                f"in this request, {timing.threads} torch thread{'s' * (timing.threads > 1)}. Speed-up: median AR "
+                f"in this request, on {timing.device} ({timing.dtype}, {timing.steps} steps, {timing.threads} CPU "
+                f"thread{'s' * (timing.threads > 1)}). Speed-up: median AR "
                 "latency / median latency (min–max of the per-repeat ratios). tau: tokens per target forward.")
     return "\n".join(rows) + f"\n\n<small>{note}</small>"
 

@@ -47,6 +47,7 @@ WARMUP = Param("warmup", 0, 100, 2, 1, "untimed images per method", integer=True
 REPEATS = Param("repeats", 1, 100, 1, 1, "timings per image and method", integer=True)
 
 # Sample sizes below which a quality metric means little (see ``sample_warnings``).
+PROFILE_IMAGES = Param("images", 0, 100_000, 20, 1, "whole images per method (0: parts only)", integer=True)
 FID_MIN_IMAGES = 200  # the project's measurement: FID moves by about +-1 between two lossless runs of 200 images
 CONSISTENCY_MIN_IMAGES = 100  # binomial standard error <= 0.5 / sqrt(100) = 5 percentage points, whatever the rate
 
@@ -180,7 +181,7 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     """Every option of ``bench``, before the model loads: the output file, the counts, the model options and
     every method spec (each one's rule is built once); ``methods`` becomes the list of specs to run."""
     check_output(args.out, "--out")
-    args.images = IMAGES.check(args.images)
+    args.images = (PROFILE_IMAGES if args.profile else IMAGES).check(args.images)
     args.warmup = WARMUP.check(args.warmup)
     args.repeats = REPEATS.check(args.repeats)
     check_model_args(args)
@@ -230,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", action="store_true",
                         help="time the parts of a round (AR step, verification of chain:5, tree:eagle25, tree:wide57, "
                              "a drafter level, host-side acceptance, image decoding) and the speed-ups they imply")
+    parser.add_argument("--compare-steps", action="store_true",
+                        help="with --profile: also time the AR step under every other --steps mode this device runs "
+                             "(eager, static, graphs on CUDA, compiled)")
     add_model_arguments(parser)
     return parser
 
@@ -247,7 +251,7 @@ def profile_parts(args: argparse.Namespace, bundle: Bundle) -> int:
     ``--images`` whole images per method."""
     from .profile import format_profile, profile
     result = profile(bundle, sampling_from(args.overrides, bundle), repeats=args.repeats if args.repeats > 1 else 20,
-                     images=args.images, seed=args.seed)
+                     images=args.images, seed=args.seed, compare_steps=args.compare_steps)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(format_profile(result))

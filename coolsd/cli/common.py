@@ -20,12 +20,14 @@ from ..models.bundle import (
     DEFAULT_MODEL,
     Bundle,
     load_bundle,
+    pick_device,
     random_bundle,
     set_threads,
 )
 from ..models.config import CONFIGS, RANDOM_INIT_SIZES, ModelConfig
 from ..models.registry import class_names, model_file, preset_names, read_spec
 from ..models.registry import model_config as registry_config
+from ..models.steps import MODE_HELP, MODES, default_mode
 
 SAMPLING_OPTIONS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
 
@@ -53,6 +55,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random-init", choices=list(RANDOM_INIT_SIZES), default=None,
                         help="use a randomly initialised target/drafter pair instead of a trained model")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--steps", choices=list(MODES), default=None, help=MODE_HELP)
     parser.add_argument("--draft", default="chain:5", help="chain:L or tree:<preset> (eagle25, wide57)")
     parser.add_argument("--cfg", default=None, help="classifier-free guidance scale (default: the model's)")
     parser.add_argument("--temperature", default=None)
@@ -106,6 +109,15 @@ def check_device(device: str | None) -> None:
             raise ValueError(f"device {device}: only {torch.cuda.device_count()} CUDA GPU(s) are visible")
 
 
+def check_steps(steps: str | None, device: torch.device) -> str:
+    """``--steps``: the device's default when not given; CUDA graphs only on CUDA."""
+    steps = steps or default_mode(device)
+    if steps == "graphs" and device.type != "cuda":
+        raise ValueError(f"--steps graphs captures CUDA graphs and needs a CUDA device; on {device.type} use eager, "
+                         "static or compiled")
+    return steps
+
+
 def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] = ()) -> None:
     """An output file we will be able to write, checked before any work so a typo costs nothing."""
     if path is None:
@@ -132,6 +144,7 @@ def check_model_args(args: argparse.Namespace) -> argparse.Namespace:
     """Check the options shared with the benchmark; adds ``info`` (ModelInfo), ``tree`` (DraftTree, at most
     as deep as the model can use) and ``overrides`` (checked sampling settings)."""
     check_device(args.device)
+    args.steps = check_steps(args.steps, pick_device(args.device))
     args.threads = check_threads(args.threads)
     args.seed = check("seed", args.seed)
     args.info = model_info(args.model, args.random_init)
@@ -147,8 +160,10 @@ def load_model(args: argparse.Namespace) -> Bundle:
     slower on a busy machine), then load the bundle."""
     args.threads = set_threads(args.threads)
     if args.random_init:
-        return random_bundle(args.random_init, device=args.device)
-    return load_bundle(args.model, device=args.device)
+        bundle = random_bundle(args.random_init, device=args.device)
+    else:
+        bundle = load_bundle(args.model, device=args.device)
+    return bundle.with_steps(args.steps)
 
 
 def sampling_from(overrides: dict, bundle: Bundle) -> SamplingConfig:

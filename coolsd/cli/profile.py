@@ -16,14 +16,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..core.decode import State, draft, generate, to_numpy
+from ..core.decode import State, draft, generate, to_host
 from ..core.rules import AR, CoolSD, Eagle
 from ..core.sampling import SamplingConfig, probabilities
 from ..core.trees import DraftTree, parse_draft
 from ..core.verify import verify
-from ..models.bundle import Bundle
+from ..models.bundle import Bundle, device_name
 from ..models.gpt import Caption
+from ..models.steps import MODES
 
+WARMUP_IMAGES = 2
 PAPER_TAUS = {"Eagle-1": 2.42, "LANTERN++": 2.67, "COOL-SD delta=1.1": 2.73, "COOL-SD delta=2": 3.34}
 DRAFTS = ("chain:5", "tree:eagle25", "tree:wide57")
 
@@ -57,27 +59,28 @@ class Setting:
         self.rows, self.device = rows, device
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def target_cache(self):
-        """A target cache holding the prefix and the emitted tokens but the last (the next round's root)."""
-        target = self.bundle.target
+    def target_cache(self, target=None):
+        """A target cache holding the prefix and the emitted tokens but the last (the next round's root); the
+        keys' values do not change the cost of attending to them."""
+        target = target or self.bundle.target
         cache = target.new_cache(self.rows, self.max_len)
-        filled = target.prefix_length + self.start - 1
-        cache.length = filled  # the keys' values do not change the cost of attending to them
+        cache.commit(list(range(target.prefix_length + self.start - 1)))
         return cache
 
     def drafter_state(self) -> tuple[object, State]:
         drafter = self.bundle.drafter
         cache = drafter.new_cache(self.rows, self.max_len)
-        cache.length = self.bundle.target.prefix_length + self.start - 2
+        cache.commit(list(range(self.bundle.target.prefix_length + self.start - 2)))
         features = torch.zeros(self.rows, 1, self.bundle.config.dim, device=self.device,
                                dtype=next(drafter.parameters()).dtype)
         return cache, State(self.tokens.tolist(), self.tokens[-1:].tolist(), features)
 
 
-def verification(setting: Setting, tree: DraftTree) -> Callable[[], object]:
-    """One target forward over root + ``tree`` (the empty tree: one AR step), then its logits."""
-    target = setting.bundle.target
-    cache = setting.target_cache()
+def verification(setting: Setting, tree: DraftTree, target=None) -> Callable[[], object]:
+    """One target forward over root + ``tree`` (the empty tree: one AR step), then its logits; ``target``
+    (default: the bundle's) may run its steps differently."""
+    target = target or setting.bundle.target
+    cache = setting.target_cache(target)
     index = tree.tensors(setting.device)
     nodes = torch.zeros(tree.size + 1, dtype=torch.long, device=setting.device)
     positions = target.prefix_length - 1 + setting.start + index["depths"]
@@ -103,17 +106,20 @@ def drafter_level(setting: Setting) -> Callable[[], object]:
 
 
 def acceptance(setting: Setting, tree: DraftTree) -> Callable[[], object]:
-    """The host side of a round: the transform of root + tree logits, float64 on the CPU, and the walk."""
+    """What a round does after its verification forward, as ``decode_round`` does it: the sampling transform
+    of root + tree logits, the one copy to the host (:func:`to_host`), float64 rows and the walk."""
     logits = verification(setting, tree)()
     q = probabilities(logits, setting.sampling).roll(1, dims=-1)  # a stand-in draft distribution, unlike p
     ranked = torch.argsort(q, dim=-1, descending=True)  # a child of rank r drafts its parent's r-th likeliest
     drafted = [0] + [int(ranked[tree.parent[node], tree.paths[node - 1][-1]]) for node in range(1, tree.size + 1)]
-    valid, rule = [True] * (tree.size + 1), Eagle()
+    tokens = torch.tensor(drafted, device=setting.device)
+    valid, rule = torch.ones(tree.size + 1, dtype=torch.bool, device=setting.device), Eagle()
     rng = np.random.default_rng(0)
 
     def step():
-        p_rows = to_numpy(probabilities(logits, setting.sampling))
-        return verify(tree, drafted, valid, p_rows, to_numpy(q), rule, rng)
+        p_rows, q_rows, host_tokens, host_valid = to_host(probabilities(logits, setting.sampling), q, tokens, valid,
+                                                          tree)
+        return verify(tree, host_tokens, host_valid, p_rows, q_rows, rule, rng)
     return step
 
 
@@ -128,26 +134,34 @@ def wall_clock(bundle: Bundle, sampling: SamplingConfig, images: int, seed: int)
     tree = parse_draft("chain:5")
     runs = {"AR": AR(), "Eagle-1 chain:5": Eagle(), "COOL-SD delta=2 chain:5": CoolSD(delta=2.0, depth=tree.depth)}
     out = {name: {"seconds": [], "tau": []} for name in runs}
-    for i in range(images):
-        condition = random_caption(bundle.config, seed + i) if bundle.config.text_conditioned else \
-            i % bundle.config.num_classes
+    condition = lambda i: random_caption(bundle.config, seed + i) if bundle.config.text_conditioned else \
+        i % bundle.config.num_classes  # noqa: E731
+    # untimed first images (their own seeds, after the timed ones): caches, graph captures, compilation
+    for i in list(range(images, images + WARMUP_IMAGES)) + list(range(images)):
         for name, rule in runs.items():
-            result = generate(bundle, condition, rule, tree, sampling, seed + i)
-            out[name]["seconds"].append(result.stats.seconds["total"])
-            out[name]["tau"].append(result.stats.tau)
+            result = generate(bundle, condition(i), rule, tree, sampling, seed + i)
+            if i < images:
+                out[name]["seconds"].append(result.stats.seconds["total"])
+                out[name]["tau"].append(result.stats.tau)
     ar = statistics.median(out["AR"]["seconds"])
     return {name: {"latency_median_s": statistics.median(v["seconds"]), "tau": float(np.mean(v["tau"])),
                    "speedup_vs_ar": ar / statistics.median(v["seconds"])} for name, v in out.items()}
 
 
 def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup: int = 3, images: int = 2,
-            seed: int = 0) -> dict:
-    """Every part's time, the speed-ups they imply at the paper's tau, and measured whole-image speed-ups."""
+            seed: int = 0, compare_steps: bool = False) -> dict:
+    """Every part's time, the speed-ups they imply at the paper's tau, and measured whole-image speed-ups;
+    with ``compare_steps``, the AR step under every other steps mode this device runs."""
     device = bundle.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     widest = parse_draft(DRAFTS[-1], None).truncated(bundle.target.image_tokens // 2 - 2)
     setting = Setting(bundle, sampling, widest, seed)
     parts = {"ar_step": timed(verification(setting, DraftTree(())), repeats, warmup, sync)}
+    if compare_steps:
+        for mode in device_modes(device):
+            if mode != bundle.steps:
+                other = bundle.with_steps(mode).target
+                parts[f"ar_step [{mode}]"] = timed(verification(setting, DraftTree(()), other), repeats, warmup, sync)
     for spec in DRAFTS:
         tree = parse_draft(spec).truncated(bundle.target.image_tokens // 2 - 2)
         parts[f"verify {spec}"] = timed(verification(setting, tree), repeats, warmup, sync)
@@ -156,9 +170,14 @@ def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup:
         parts["drafter_level"] = timed(drafter_level(setting), repeats, warmup, sync)
     tokens = torch.randint(0, bundle.config.vocab_size, (bundle.config.image_tokens,)).tolist()
     parts["image_decode"] = timed(lambda: bundle.image(tokens), max(3, repeats // 4), 1, sync)
-    return {"model": bundle.name, "device": str(device), "dtype": str(next(bundle.target.parameters()).dtype),
-            "threads": torch.get_num_threads(), "parts": parts, "implied": implied(parts),
-            "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None else {}}
+    return {"model": bundle.name, "device": device_name(device), "dtype": str(bundle.dtype).removeprefix("torch."),
+            "steps": bundle.steps, "threads": torch.get_num_threads(), "parts": parts, "implied": implied(parts),
+            "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None and images else {}}
+
+
+def device_modes(device: torch.device) -> tuple[str, ...]:
+    """The steps modes a device runs: CUDA graphs only on CUDA."""
+    return tuple(m for m in MODES if device.type == "cuda" or m != "graphs")
 
 
 def implied(parts: dict) -> dict:
@@ -177,8 +196,9 @@ def implied(parts: dict) -> dict:
 def format_profile(result: dict) -> str:
     """A Markdown summary: measured parts (ms, and in AR steps), implied and measured speed-ups."""
     ar = result["parts"]["ar_step"]["median_s"]
-    lines = [f"### Profile: {result['model']} on {result['device']} ({result['dtype']}, {result['threads']} "
-             "thread(s))", "", "| part (measured) | median ms | quartiles ms | / AR step |", "|---|---|---|---|"]
+    lines = [f"### Profile: {result['model']} on {result['device']} ({result['dtype']}, steps {result['steps']}, "
+             f"{result['threads']} CPU thread(s))", "", "| part (measured) | median ms | quartiles ms | / AR step |",
+             "|---|---|---|---|"]
     for name, part in result["parts"].items():
         low, high = part["iqr_s"]
         lines.append(f"| {name} | {1000 * part['median_s']:.3f} | {1000 * low:.3f}-{1000 * high:.3f} | "

@@ -20,6 +20,7 @@ from .params import check
 from .rules import AcceptanceRule
 from .sampling import SamplingConfig, draw_without_replacement, probabilities, sample
 from .stats import DRAFT, FIRST, GenerationStats, Round, Timer
+from .transfer import index_tensor
 from .trees import DraftTree
 from .verify import verify
 
@@ -51,7 +52,7 @@ def causal(length: int, device: torch.device) -> Tensor | None:
 
 def token_inputs(drafter: Drafter, tokens: list[int], rows: int, device: torch.device) -> Tensor:
     """The drafter's next-input embeddings of committed tokens, the same for every row."""
-    return drafter.embed(torch.tensor(tokens, device=device))[None].expand(rows, -1, -1)
+    return drafter.embed(index_tensor(tokens, device))[None].expand(rows, -1, -1)
 
 
 def draft(drafter: Drafter, target: Target, cache, tree: DraftTree, state: State, sampling: SamplingConfig,
@@ -99,6 +100,42 @@ def to_numpy(probs: Tensor) -> np.ndarray:
     return np.divide(rows, totals, out=rows, where=totals > 0)  # rows never filled (leaves) stay zero
 
 
+class HostRows:
+    """Distribution rows copied to the host in float32, each turned into renormalised float64 (as
+    :func:`to_numpy`) only when the acceptance walk first reads it: a round reads few of a tree's rows."""
+
+    def __init__(self, rows: np.ndarray, nodes: list[int]) -> None:
+        self.rows, self.where, self.ready = rows, {node: i for i, node in enumerate(nodes)}, {}
+
+    def __getitem__(self, node: int) -> np.ndarray:
+        if node not in self.ready:
+            row = self.rows[self.where[node]].astype(np.float64)
+            total = row.sum()
+            self.ready[node] = row / total if total > 0 else row
+        return self.ready[node]
+
+
+def to_host(p: Tensor, q: Tensor | None, tokens: Tensor, valid: Tensor, tree: DraftTree
+            ) -> tuple[HostRows, HostRows | None, list[int], list[bool]]:
+    """Everything the acceptance walk needs, in ONE device-to-host copy per round: the target rows of the root
+    and every node, the draft rows of the nodes that have children, and the drafted tokens and their validity
+    (token ids are exact in float32 below 2**24)."""
+    if p.shape[-1] > 2**24:
+        raise ValueError(f"a vocabulary of {p.shape[-1]} tokens does not fit the float32 copy of drafted tokens")
+    inner = tree.inner_nodes
+    parts = [p.flatten(), tokens.float(), valid.float()]
+    if q is not None:
+        parts.insert(1, q[tree.tensors(q.device)["inner"]].flatten())
+    packed = torch.cat(parts).cpu().numpy()
+    vocab, nodes = p.shape[-1], tree.size + 1
+    p_end = nodes * vocab
+    q_end = p_end + len(inner) * vocab if q is not None else p_end
+    p_rows = HostRows(packed[:p_end].reshape(nodes, vocab), list(range(nodes)))
+    q_rows = HostRows(packed[p_end:q_end].reshape(len(inner), vocab), inner) if q is not None else None
+    drafted = packed[q_end:q_end + nodes].astype(np.int64).tolist()
+    return p_rows, q_rows, drafted, (packed[q_end + nodes:] > 0).tolist()
+
+
 @dataclass
 class Run:
     """Everything one generation's steps share."""
@@ -143,14 +180,13 @@ def decode_round(run: Run, state: State) -> State:
     n = len(state.tokens)
     tree = run.tree.truncated(target.image_tokens - n - 1)
     index = tree.tensors(device)
-    node_tokens = torch.tensor([state.tokens[-1]], device=device)
-    drafted, valid, q_rows = [state.tokens[-1]], [True], None
+    node_tokens = index_tensor([state.tokens[-1]], device)
+    node_valid, q = torch.ones(1, dtype=torch.bool, device=device), None
     if tree.size:
         with run.timer.phase("drafting"):
             node_tokens, node_valid, q, _ = draft(run.drafter, target, run.drafter_cache, tree, state, run.sampling,
-                                               run.generator)
+                                                  run.generator)
             node_tokens[0] = state.tokens[-1]
-            drafted, valid, q_rows = node_tokens.tolist(), node_valid.tolist(), to_numpy(q)
         run.stats.drafter_forwards += tree.depth
     with run.timer.phase("target_forward"):  # score: the root is image token n-1, at position P + n - 1
         embeds = target.embed(node_tokens)[None].expand(rows, -1, -1)
@@ -158,15 +194,17 @@ def decode_round(run: Run, state: State) -> State:
         hidden = target(embeds, positions, run.target_cache, 0, index["mask"] if tree.size else None)
         logits = target.logits(hidden)
     with run.timer.phase("acceptance"):
-        p_rows = to_numpy(probabilities(logits, run.sampling))
+        p = probabilities(logits, run.sampling)
+        p_rows, q_rows, drafted, valid = to_host(p, q, node_tokens, node_valid, tree)
         path, token, origin, tested, level_prob = verify(tree, drafted, valid, p_rows, q_rows, run.rule, run.rng,
                                                          run.capture)
     keep = [0] + path
     run.target_cache.commit(keep)
+    keep_index = index_tensor(keep, device)
     emitted = [drafted[i] for i in path] + [token]
     record(run.stats, tree, drafted, valid, path, emitted, origin, tested, level_prob, n)
     state.tokens.extend(emitted)
-    return State(state.tokens, emitted, hidden[:, keep])
+    return State(state.tokens, emitted, hidden[:, keep_index])
 
 
 def record(stats: GenerationStats, tree: DraftTree, drafted: list[int], valid: list[bool], path: list[int],
@@ -200,7 +238,7 @@ def decode(target: Target, drafter: Drafter | None, condition: Any, rule: Accept
     max_len = target.prefix_length + target.image_tokens + tree.size
     run = Run(target, drafter, rule, tree, sampling, np.random.default_rng(seed),
               torch.Generator(device=device).manual_seed(seed),
-              Timer(sync=torch.cuda.synchronize if device.type == "cuda" else (lambda: None)), stats,
+              Timer(events=device.type == "cuda"), stats,
               target.new_cache(sampling.rows, max_len),
               drafter.new_cache(sampling.rows, max_len) if tree.size else None,
               stats.captured if capture else None)
@@ -208,7 +246,8 @@ def decode(target: Target, drafter: Drafter | None, condition: Any, rule: Accept
     state = prefill(run, condition)
     while len(state.tokens) < target.image_tokens:
         state = decode_round(run, state)
-    stats.seconds = dict(run.timer.seconds, total=time.perf_counter() - began)
+    phases = run.timer.finish()  # on CUDA: the one wait for the device, after the last round
+    stats.seconds = dict(phases, total=time.perf_counter() - began)
     stats.seconds["other"] = stats.seconds["total"] - sum(run.timer.seconds.values())
     return Generation(state.tokens, stats)
 

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 # Where an image token came from.
 FIRST, DRAFT, RESAMPLED, BONUS, TARGET = "first", "draft", "resampled", "bonus", "target"
@@ -49,20 +50,40 @@ class Round:
 
 @dataclass
 class Timer:
-    """Wall-clock seconds per phase; ``sync`` makes GPU work finish before a phase is closed."""
+    """Seconds per phase. With ``events`` (CUDA) each phase is bracketed by CUDA events that are read once, in
+    :meth:`finish`: timing then adds no host synchronisation to a round, and a phase counts its GPU time."""
 
-    sync: callable = lambda: None
+    events: bool = False
     seconds: dict[str, float] = field(default_factory=lambda: {"drafting": 0.0, "target_forward": 0.0,
                                                                 "acceptance": 0.0})
+    marks: list = field(default_factory=list)
 
     @contextmanager
     def phase(self, name: str):
+        if self.events:
+            began = torch.cuda.Event(enable_timing=True)
+            began.record()
+            try:
+                yield
+            finally:
+                ended = torch.cuda.Event(enable_timing=True)
+                ended.record()
+                self.marks.append((name, began, ended))
+            return
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.sync()
             self.seconds[name] += time.perf_counter() - start
+
+    def finish(self) -> dict[str, float]:
+        """Wait for the device once and add up the events' phases."""
+        if self.events:
+            torch.cuda.synchronize()
+        for name, began, ended in self.marks:
+            self.seconds[name] += began.elapsed_time(ended) / 1000
+        self.marks.clear()
+        return self.seconds
 
 
 @dataclass

@@ -64,6 +64,11 @@ class DraftTree:
         return kids
 
     @cached_property
+    def inner_nodes(self) -> list[int]:
+        """The nodes that have children (whose draft distributions verification reads), in order."""
+        return [node for node, kids in enumerate(self.children) if kids]
+
+    @cached_property
     def levels(self) -> list[range]:
         """``levels[d]``: the node indices at depth ``d`` (``levels[0]`` is the root)."""
         bounds = [0] + [sum(1 for p in self.paths if len(p) <= d) + 1 for d in range(self.depth + 1)]
@@ -98,6 +103,7 @@ class DraftTree:
             levels = [{k: torch.tensor(v, device=device) if isinstance(v, list) else v for k, v in lvl.items()}
                       for lvl in self.level_draws]
             self._tensors[key] = {"depths": torch.tensor(self.depths, device=device),
+                                  "inner": torch.tensor(self.inner_nodes, dtype=torch.long, device=device),
                                   "mask": self.ancestor_mask.to(device), "levels": levels}
         return self._tensors[key]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +22,7 @@ from .config import CONFIGS, RANDOM_INIT_SIZES, ModelConfig
 from .decoders import CodebookShade
 from .eagle import Drafter
 from .gpt import Transformer
+from .steps import unwrapped, with_steps
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_MODEL = ASSETS / "fashion"
@@ -56,6 +57,11 @@ DISK_CACHE_CODES = 4096  # codebooks at least this large keep their table on dis
 def cache_dir() -> Path:
     """Where computed tables are kept: ``COOLSD_CACHE``, else ``~/.cache/coolsd``."""
     return Path(os.environ.get("COOLSD_CACHE") or Path.home() / ".cache" / "coolsd")
+
+
+def device_name(device: torch.device) -> str:
+    """``cuda (NVIDIA H200)`` or ``cpu``: what timing tables say they ran on."""
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
 
 
 def neighbour_table(codebook: Tensor, count: int) -> np.ndarray:
@@ -93,6 +99,7 @@ class Bundle:
     info: dict = field(default_factory=dict)
     text_encoder: Callable[[list[str]], list] | None = None  # prompts -> Caption conditions (text models)
     path: Path | None = None  # the directory it was loaded from (None: built in memory)
+    steps: str = "eager"  # how target and drafter steps run (coolsd.models.steps.MODES)
     _neighbours: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +137,17 @@ class Bundle:
                 extra.to(device)
         return self
 
+    def with_steps(self, mode: str) -> "Bundle":
+        """The same models run as ``mode`` says (static caches, CUDA graphs, compiled); the weights are shared."""
+        if mode == self.steps:
+            return self
+        target, drafter = with_steps(unwrapped(self.target), unwrapped(self.drafter), mode)
+        return replace(self, target=target, drafter=drafter, steps=mode)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.target.parameters()).dtype
+
     def image(self, tokens: list[int]) -> np.ndarray:
         """Image tokens -> uint8 RGB picture (H, W, 3)."""
         return self.decoder(tokens)
@@ -142,8 +160,16 @@ def random_bundle(size: str = "tiny", seed: int = 0, device: str | None = None) 
     cfg = CONFIGS[size]
     torch.manual_seed(seed)
     target, drafter = Transformer(cfg).eval(), Drafter(cfg).eval()
-    codebook = nn.functional.normalize(torch.randn(cfg.vocab_size, 8), dim=-1)
-    return Bundle(target, drafter, codebook, name=f"random-{size}").to(pick_device(device))
+    decoder = None
+    if size.startswith("llamagen"):  # LlamaGen's own VQ-16 decoder, random too, so that profiles time it
+        from .vq16 import VQ16Decoder, VQ16Image
+        decoder = VQ16Image(VQ16Decoder(), (cfg.grid_height, cfg.grid_width))
+        codebook = decoder.codebook
+    else:
+        codebook = nn.functional.normalize(torch.randn(cfg.vocab_size, 8), dim=-1)
+    bundle = Bundle(target, drafter, codebook, name=f"random-{size}", decoder=decoder)
+    device = pick_device(device)
+    return bundle.to(device, torch.bfloat16 if device.type == "cuda" else None)
 
 
 def save_bundle(bundle: Bundle, path: Path, extra: dict | None = None) -> None:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..core.interface import Prefix
 from ..core.params import shorten
+from ..core.transfer import index_tensor
 from .config import ModelConfig
 
 
@@ -110,11 +111,24 @@ class KVCache:
         self.values[layer, :, :, start:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
+    def attention_mask(self, pending_mask: Tensor | None, length: int) -> Tensor | None:
+        """What ``length`` new positions see: every committed entry, plus ``pending_mask`` (length, offset +
+        length) over the pending area (None = a single new position, which sees everything), then padding
+        hidden (:func:`hide_invalid_keys`). None where SDPA needs no mask."""
+        if pending_mask is None and self.valid is None:
+            return None
+        device = self.keys.device
+        if pending_mask is None:
+            pending_mask = torch.ones(length, length, dtype=torch.bool, device=device)
+        committed = torch.ones(length, self.length, dtype=torch.bool, device=device)
+        mask = torch.cat([committed, pending_mask], dim=1)
+        return mask if self.valid is None else hide_invalid_keys(mask, self.valid, length)
+
     def commit(self, keep: list[int]) -> None:
         """Append the pending entries ``keep`` (indices into the pending area, in order); drop the rest."""
         n = len(keep)
         if keep != list(range(n)):
-            index = torch.tensor(keep, device=self.keys.device) + self.length
+            index = index_tensor(keep, self.keys.device) + self.length
             self.keys[:, :, :, self.length:self.length + n] = self.keys.index_select(3, index)
             self.values[:, :, :, self.length:self.length + n] = self.values.index_select(3, index)
             if self.valid is not None:
@@ -180,24 +194,19 @@ def attention_mask(cache: KVCache | None, pending_mask: Tensor | None, length: i
                    valid: Tensor | None = None) -> Tensor | None:
     """Boolean attention mask for ``length`` new positions, or None where SDPA needs none.
 
-    With a cache: every committed entry, plus ``pending_mask`` (length, offset + length) over the pending area
-    (None = a single new position, which sees everything). Without one: causal. Then, as LlamaGen's text
-    model does, keys marked invalid (padding, from ``valid`` or the cache) are hidden from every query, and each
-    position always sees itself, so a padded slot attends to itself only (spec section 7).
+    With a cache, the cache builds it (:meth:`KVCache.attention_mask`). Without one: causal over the new
+    positions, with keys marked invalid in ``valid`` hidden as below.
     """
-    key_valid = cache.valid if cache is not None else valid
-    if pending_mask is None and key_valid is None:
+    if cache is not None:
+        return cache.attention_mask(pending_mask, length)
+    if valid is None:
         return None
-    if cache is None:
-        mask = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
-    else:
-        device = pending_mask.device if pending_mask is not None else key_valid.device
-        if pending_mask is None:
-            pending_mask = torch.ones(length, length, dtype=torch.bool, device=device)
-        committed = torch.ones(length, cache.length, dtype=torch.bool, device=device)
-        mask = torch.cat([committed, pending_mask], dim=1)
-    if key_valid is None:
-        return mask
+    return hide_invalid_keys(torch.ones(length, length, dtype=torch.bool, device=valid.device).tril(), valid, length)
+
+
+def hide_invalid_keys(mask: Tensor, key_valid: Tensor, length: int) -> Tensor:
+    """As LlamaGen's text model does: keys marked invalid (padding) are hidden from every query, and each new
+    position always sees itself, so a padded slot attends to itself only (spec section 7)."""
     end = mask.shape[1]
     mask = mask[None, None] & key_valid[:, None, None, :end]
     own = torch.arange(end - length, end, device=mask.device)
