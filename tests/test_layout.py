@@ -18,7 +18,8 @@ PACKAGE = ROOT / "coolsd"
 ALLOWED = {
     "core": ({"core"}, {"torch", "numpy"}),
     "models": ({"core", "models"}, {"torch", "numpy", "safetensors", "huggingface_hub", "transformers"}),
-    "toy": ({"core", "models", "toy"}, {"torch", "numpy", "safetensors", "torchmetrics", "tqdm", "PIL"}),
+    "toy": ({"core", "models", "toy", "distill"}, {"torch", "numpy", "safetensors", "torchmetrics", "tqdm", "PIL"}),
+    "distill": ({"core", "models", "distill"}, {"torch", "numpy", "safetensors", "tqdm"}),
     "app": ({"core", "models", "app"}, {"torch", "numpy", "matplotlib", "PIL"}),
     "cli": ({"core", "models", "cli"}, {"torch", "numpy", "tqdm", "PIL"}),
 }

@@ -10,7 +10,6 @@ with its quartiles over repeats.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 from ..core.decode import State, draft, generate, to_host
 from ..core.rules import AR, CoolSD, Eagle
 from ..core.sampling import SamplingConfig, probabilities
+from ..core.stats import time_calls
 from ..core.trees import DraftTree, parse_draft
 from ..core.verify import verify
 from ..models.bundle import Bundle, device_name
@@ -30,17 +30,9 @@ PAPER_TAUS = {"Eagle-1": 2.42, "LANTERN++": 2.67, "COOL-SD delta=1.1": 2.73, "CO
 DRAFTS = ("chain:5", "tree:eagle25", "tree:wide57")
 
 
-def timed(step: Callable[[], object], repeats: int, warmup: int, sync: Callable[[], None]) -> dict:
+def timed(step: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> dict:
     """Median and quartiles (seconds) of ``step`` over ``repeats`` runs after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        step()
-    sync()
-    seconds = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        step()
-        sync()
-        seconds.append(time.perf_counter() - began)
+    seconds = time_calls(step, repeats, warmup, device)
     return {"median_s": statistics.median(seconds), "iqr_s": [float(np.percentile(seconds, q)) for q in (25, 75)],
             "repeats": repeats}
 
@@ -153,23 +145,22 @@ def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup:
     """Every part's time, the speed-ups they imply at the paper's tau, and measured whole-image speed-ups;
     with ``compare_steps``, the AR step under every other steps mode this device runs."""
     device = bundle.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     widest = parse_draft(DRAFTS[-1], None).truncated(bundle.target.image_tokens // 2 - 2)
     setting = Setting(bundle, sampling, widest, seed)
-    parts = {"ar_step": timed(verification(setting, DraftTree(())), repeats, warmup, sync)}
+    parts = {"ar_step": timed(verification(setting, DraftTree(())), repeats, warmup, device)}
     if compare_steps:
         for mode in device_modes(device):
             if mode != bundle.steps:
                 other = bundle.with_steps(mode).target
-                parts[f"ar_step [{mode}]"] = timed(verification(setting, DraftTree(()), other), repeats, warmup, sync)
+                parts[f"ar_step [{mode}]"] = timed(verification(setting, DraftTree(()), other), repeats, warmup, device)
     for spec in DRAFTS:
         tree = parse_draft(spec).truncated(bundle.target.image_tokens // 2 - 2)
-        parts[f"verify {spec}"] = timed(verification(setting, tree), repeats, warmup, sync)
-        parts[f"acceptance {spec}"] = timed(acceptance(setting, tree), repeats, warmup, sync)
+        parts[f"verify {spec}"] = timed(verification(setting, tree), repeats, warmup, device)
+        parts[f"acceptance {spec}"] = timed(acceptance(setting, tree), repeats, warmup, device)
     if bundle.drafter is not None:
-        parts["drafter_level"] = timed(drafter_level(setting), repeats, warmup, sync)
+        parts["drafter_level"] = timed(drafter_level(setting), repeats, warmup, device)
     tokens = torch.randint(0, bundle.config.vocab_size, (bundle.config.image_tokens,)).tolist()
-    parts["image_decode"] = timed(lambda: bundle.image(tokens), max(3, repeats // 4), 1, sync)
+    parts["image_decode"] = timed(lambda: bundle.image(tokens), max(3, repeats // 4), 1, device)
     return {"model": bundle.name, "device": device_name(device), "dtype": str(bundle.dtype).removeprefix("torch."),
             "steps": bundle.steps, "threads": torch.get_num_threads(), "parts": parts, "implied": implied(parts),
             "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None and images else {}}

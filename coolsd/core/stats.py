@@ -86,6 +86,22 @@ class Timer:
         return self.seconds
 
 
+def time_calls(work, repeats: int, warmup: int, device: torch.device) -> list[float]:
+    """Wall seconds of each of ``repeats`` calls of ``work`` after ``warmup`` untimed ones, the device's queue
+    drained around each (for benchmarks, never inside a generation)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        work()
+    sync()
+    seconds = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        work()
+        sync()
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
 @dataclass
 class GenerationStats:
     method: str

@@ -101,9 +101,11 @@ derived from it and are shipped under the same MIT licence.
 | judge | {judge_steps} x 128 | {t_judge} | test accuracy {judge_acc:.2%} |
 | tokenizer | {tok_steps} x 64 | {t_tok} | judge accuracy on test reconstructions {acc_recon:.2%} vs {acc_orig:.2%} on originals ({ratio:.1%}); {codes} of {vocab} codes used |
 | target | {target_steps} x 64 | {t_target} | final cross-entropy {target_loss:.3f} nats/token |
-| drafter | {drafter_steps} x 64 | {t_drafter} | final loss {drafter_loss:.3f} (SmoothL1 + 0.1 soft CE) |
+| drafter | {drafter_steps} x {drafter_batch} | {t_drafter} | final loss {drafter_loss:.3f} (SmoothL1 + 0.1 soft CE) |
 
-Label dropout 0.1 for the target; 10% unconditional rows for the drafter; AdamW, warm-up then cosine decay.
+Label dropout 0.1 for the target; AdamW, warm-up then cosine decay. The drafter was trained by the general
+drafter trainer (`python -m coolsd.train drafter --model ...`) on {drafter_images} images the target sampled
+itself (both CFG rows recorded, 10% of rows unconditional); its time includes generating them.
 
 ## Measured quality and speed
 
@@ -129,6 +131,8 @@ or thousand samples is biased upwards; compare it only with the real-image row m
 ```bash
 apt-get install -y dataset-fashion-mnist
 for stage in judge tokenizer target drafter export; do python -m coolsd.train $stage; done
+{drafter_command}
+cp runs/drafter-fashion/drafter.safetensors assets/fashion/  # the self-distilled drafter replaces the stage's
 python -m coolsd.card --samples-per-class 100 --eagle-images 200
 python -m coolsd.bench --threads 1 --images 200 --draft chain:5 --out assets/fashion/bench_results.json \\
   --methods ar eagle cool:delta=1.1 cool:delta=1.5 cool:delta=2 cool:delta=3 \\
@@ -162,6 +166,8 @@ def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
         codes=tok.get("codes_used_10k_train"), target_steps=log.get("target", {}).get("steps"),
         t_target=format_minutes(seconds.get("target")), target_loss=log.get("target", {}).get("final_loss", float("nan")),
         drafter_steps=log.get("drafter", {}).get("steps"), t_drafter=format_minutes(seconds.get("drafter")),
+        drafter_batch=log.get("drafter", {}).get("batch", 64), drafter_images=f"{log.get('drafter', {}).get('images', 0):,}",
+        drafter_command=bundle.info.get("drafter_training", {}).get("command", "python -m coolsd.train drafter"),
         drafter_loss=log.get("drafter", {}).get("final_loss", float("nan")), **bundle.sampling.to_dict(),
         cfg=bundle.sampling.cfg_scale, ar_n=metrics["ar"]["images"],
         per_class=metrics["ar"]["images"] // cfg.num_classes, ar_acc=metrics["ar"]["judge_accuracy"],

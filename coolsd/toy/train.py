@@ -3,7 +3,7 @@
     python -m coolsd.train judge        # CNN classifier, the quality judge
     python -m coolsd.train tokenizer    # VQ autoencoder (needs the judge: its features are a perceptual loss)
     python -m coolsd.train target       # class-conditional LlamaGen-style transformer on the VQ codes
-    python -m coolsd.train drafter      # Eagle-1 head on the target's features
+    python -m coolsd.train drafter      # Eagle-1 head on the target's features of the training images
     python -m coolsd.train export       # write the bundle to assets/ (safetensors + JSON)
 
 Checkpoints go to ``--work`` (default ``runs/fashion``); an interrupted stage resumes from its last one.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -192,26 +193,26 @@ def train_target(tokens: Tensor, labels: Tensor, cfg: ModelConfig, schedule: Sch
 def train_drafter(target: Transformer, tokens: Tensor, labels: Tensor, schedule: Schedule,
                   checkpoint: Path | None = None, progress: bool = True, unconditional: float = 0.1
                   ) -> tuple[Drafter, list[float]]:
-    """Eagle-1 recipe (spec section 5): from (embed(x_{t+1}), h_t) predict h_{t+1}; SmoothL1 on the feature
-    plus 0.1 x soft cross-entropy against the target's next-token distribution; 10% unconditional rows."""
-    torch.manual_seed(0)
-    cfg = target.config
-    target = target.eval().requires_grad_(False)
-    drafter = Drafter(cfg)
-    positions = torch.arange(cfg.image_tokens)
+    """Eagle-1 recipe (spec section 5) on the target's features of the real training images, through the one
+    drafter trainer (:mod:`coolsd.distill`: SmoothL1 + 0.1 x soft CE, 10% unconditional rows, input noise,
+    AdamW with warm-up then cosine decay, exact resumption). ``schedule.steps`` x ``schedule.batch`` images are
+    rounded to whole epochs over ``tokens``; ``checkpoint`` names the run's work folder (its suffix dropped)."""
+    import tempfile
 
-    def loss_fn(index: Tensor, step: int) -> Tensor:
-        seq, cls = tokens[index], labels[index].clone()
-        cls[torch.rand(len(cls)) < unconditional] = cfg.null_class
-        with torch.no_grad():
-            features = target(target.sequence_inputs(target.class_prefix(cls), seq), positions)  # h_0..h_{N-1}
-            target_probs = target.output(features[:, 1:]).softmax(-1)  # p(x_{t+2} | ...) for t = 0..N-2
-        predicted = drafter(target.tok_embeddings(seq[:, :-1]), features[:, :-1], positions[:-1])
-        feature_loss = F.smooth_l1_loss(predicted, features[:, 1:])
-        soft_ce = -(target_probs * F.log_softmax(target.output(predicted), -1)).sum(-1).mean()
-        return feature_loss + 0.1 * soft_ce
+    from ..distill.trainer import TrainConfig
+    from ..distill.trainer import train_drafter as train_general
 
-    return drafter, fit("drafter", drafter, loss_fn, len(tokens), schedule, checkpoint, progress=progress)
+    bundle = Bundle(target, None, torch.zeros(target.vocab_size, 1), name="fashion")
+    epochs = max(1, round(schedule.steps * schedule.batch / len(tokens)))
+    config = TrainConfig(images=len(tokens), epochs=epochs, batch=schedule.batch, lr=schedule.lr,
+                         warmup=schedule.warmup / schedule.steps, unconditional=unconditional,
+                         checkpoint_every=schedule.checkpoint_every)
+    with tempfile.TemporaryDirectory() as scratch:
+        work = checkpoint.with_suffix("") if checkpoint is not None else Path(scratch)
+        result = train_general(bundle, config, work, progress=progress, given=(labels.tolist(), tokens))
+    if (work / "shards").exists():
+        shutil.rmtree(work / "shards")
+    return result.drafter.cpu(), result.losses
 
 
 # --- command line -----------------------------------------------------------------------------------------

@@ -1,0 +1,182 @@
+"""``python -m coolsd.train drafter --model <preset or directory> --out <dir>``: train an Eagle-1 drafter for any
+target coolsd loads, by self-distillation.
+
+    python -m coolsd.train drafter --model assets/fashion --out runs/fashion-drafter --images 4000 --epochs 3
+    python -m coolsd.train drafter --random-init tiny --out /tmp/tiny-drafter --images 256
+    python -m coolsd.train drafter --model llamagen-c2i-b --out runs/b-drafter --estimate-only
+
+It prints a cost estimate measured on this device first and refuses a run over ``--max-hours`` (unless
+``--force``). Checkpoints go to ``--work`` (default ``<out>/work``); the same command resumes an interrupted run.
+The out directory loads with ``load_bundle(out)`` / ``--model out`` and has a README.md with the measured quality.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..core.params import number
+from ..models.bundle import Bundle, load_bundle, random_bundle, set_threads
+from ..models.config import RANDOM_INIT_SIZES
+from ..models.registry import EXAMPLE_PROMPTS
+from .cost import calibrate, check_budget, estimate
+from .data import generate_shard, shard_seed, shard_sizes
+from .heads import drafter_format, save_drafter
+from .report import REPORT_DRAFTS, model_card, quality, report_conditions
+from .trainer import TrainConfig, TrainResult, train_drafter
+
+NUMBERS = {  # option: (low, high, whole number)
+    "images": (1, 10**8, True), "epochs": (1, 10**4, True), "batch": (1, 10**5, True), "lr": (0, 1, False),
+    "warmup": (0, 1, False), "weight_decay": (0, 10, False), "grad_clip": (0, 10**6, False),
+    "noise": (0, 10, False), "unconditional": (0, 1, False), "ce_weight": (0, 100, False),
+    "seed": (0, 2**31 - 1, True), "gen_batch": (1, 10**5, True), "memory_gb": (0, 10**6, False),
+    "checkpoint_every": (1, 10**9, True),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(prog="python -m coolsd.train drafter", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="a preset, a directory with model.json, or a bundle directory")
+    which.add_argument("--random-init", choices=list(RANDOM_INIT_SIZES), help="a randomly initialised target")
+    parser.add_argument("--out", type=Path, required=True, help="where the trained drafter (and its model) go")
+    parser.add_argument("--work", type=Path, default=None, help="checkpoints and data shards (default: OUT/work)")
+    parser.add_argument("--prompts", type=Path, default=None, help="text models: a file of prompts, one a line")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default $COOLSD_THREADS, 1)")
+    for name in NUMBERS:
+        parser.add_argument("--" + name.replace("_", "-"), default=getattr(defaults, name),
+                            help=OPTION_HELP.get(name))
+    parser.add_argument("--eval-images", type=int, default=20, help="held-out images for the quality report")
+    parser.add_argument("--no-compare", action="store_true", help="do not measure the model's existing drafter")
+    parser.add_argument("--max-hours", type=float, default=12.0, help="refuse a run estimated to take longer")
+    parser.add_argument("--force", action="store_true", help="run even when the estimate exceeds --max-hours")
+    parser.add_argument("--estimate-only", action="store_true", help="print the cost estimate and stop")
+    parser.add_argument("--stop-after", type=int, default=None, help="checkpoint and stop after this many steps")
+    parser.add_argument("--keep-data", action="store_true", help="keep the data shards on disk after the run")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    for name, (low, high, whole) in NUMBERS.items():
+        setattr(args, name, number(name.replace("_", "-"), getattr(args, name), low, high, integer=whole))
+    number("eval-images", args.eval_images, 1, 10**6, integer=True)
+    number("max-hours", args.max_hours, above=0)
+    return args
+
+
+OPTION_HELP = {
+    "images": "self-distilled images to generate", "epochs": "passes over them", "batch": "images per step",
+    "lr": "AdamW peak learning rate", "warmup": "fraction of the steps spent warming up (then cosine decay)",
+    "noise": "uniform noise U(-noise, noise) on the input features", "unconditional": "fraction of CFG-null rows",
+    "ce_weight": "weight of the soft cross-entropy next to SmoothL1", "gen_batch": "images generated per batch",
+    "memory_gb": "data up to this size stays in memory, larger goes to disk in shards",
+}
+
+
+def load_target(args: argparse.Namespace) -> Bundle:
+    set_threads(args.threads)
+    if args.random_init:
+        return random_bundle(args.random_init, device=args.device)
+    return load_bundle(args.model, device=args.device)
+
+
+def read_prompts(bundle: Bundle, path: Path | None) -> list[str] | None:
+    """A text model's training prompts (the example prompts, kept for the report, are left out)."""
+    if not bundle.config.text_conditioned:
+        return None
+    if path is None:
+        raise ValueError("a text-to-image model needs --prompts FILE (one prompt a line) to self-distil from")
+    prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    prompts = [p for p in prompts if p not in EXAMPLE_PROMPTS]
+    if not prompts:
+        raise ValueError(f"--prompts {path} has no prompts besides the held-out example prompts")
+    return prompts
+
+
+def measure_quality(bundle: Bundle, result: TrainResult, config: TrainConfig, eval_images: int,
+                    compare: bool) -> dict:
+    """The quality report of the new drafter (and of the model's own, if it has one) on held-out conditions."""
+    target = bundle.target
+    conditions = report_conditions(bundle, eval_images)
+    shards = []
+    for index, size in enumerate(shard_sizes(eval_images, config.gen_batch)):
+        generator = torch.Generator(bundle.device).manual_seed(shard_seed(config.seed + 1, -1 - index))
+        start = index * config.gen_batch
+        shards.append(generate_shard(target, result.drafter, conditions[start:start + size], bundle.sampling,
+                                     generator))
+    drafter = result.drafter.to(target.output.weight.dtype)  # as load_bundle will cast it (bf16 on CUDA)
+    report = {"images": eval_images, "sampling": bundle.sampling.to_dict(),
+              "new": quality(target, drafter, conditions, shards, bundle.sampling)}
+    if compare and bundle.drafter is not None:
+        report["existing"] = quality(target, bundle.drafter, conditions, shards, bundle.sampling)
+    return report
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    bundle = load_target(args)
+    prompts = read_prompts(bundle, args.prompts)
+    config = TrainConfig(**{name: getattr(args, name) for name in NUMBERS})
+    work = args.work or args.out / "work"
+    compare = not args.no_compare and bundle.drafter is not None
+    cost = estimate(bundle, config, calibrate(bundle, config), args.eval_images, 2 if compare else 1)
+    print(cost.describe(config, bundle.config.image_tokens, str(bundle.device)), flush=True)
+    check_budget(cost, args.max_hours, args.force or args.estimate_only)
+    if args.estimate_only:
+        return 0
+    started = time.perf_counter()
+    result = train_drafter(bundle, config, work, prompts, not args.no_progress, args.stop_after)
+    if not result.finished:
+        print(f"stopped after {len(result.losses)} of {config.steps} steps; the checkpoint is in {work}: run the "
+              "same command again to resume")
+        return 0
+    report = measure_quality(bundle, result, config, args.eval_images, compare)
+    seconds = {**result.seconds, "report": time.perf_counter() - started - sum(result.seconds.values())}
+    record = {"command": "python -m coolsd.train drafter " + " ".join(argv), "format": drafter_format(bundle),
+              "target": bundle.name, "settings": asdict(config), "steps": len(result.losses),
+              "loss_first_50": mean(result.losses[:50]), "loss_last_50": mean(result.losses[-50:]),
+              "data_in_memory": result.in_memory, "seconds_this_process": seconds,
+              "estimated_seconds": {"generation": cost.generation, "training": cost.training,
+                                    "report": cost.report}, "device": str(bundle.device),
+              "machine": f"{platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)",
+              "quality": report}
+    save_drafter(bundle, result.drafter.float(), args.out, record)
+    (args.out / "training_log.json").write_text(json.dumps({"losses": result.losses}) + "\n")
+    (args.out / "README.md").write_text(model_card(record))
+    if not args.keep_data and (work / "shards").exists():
+        shutil.rmtree(work / "shards")
+    summarise(record, args.out)
+    return 0
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / max(1, len(values))
+
+
+def summarise(record: dict, out: Path) -> None:
+    new = record["quality"]["new"]
+    taus = ", ".join(f"{d} {new['tau'][d]:.3f}" for d in REPORT_DRAFTS)
+    print(f"loss {record['loss_first_50']:.4f} (first 50 steps) -> {record['loss_last_50']:.4f} (last 50); "
+          f"Eagle-1 tau: {taus}")
+    if "existing" in record["quality"]:
+        old = record["quality"]["existing"]
+        print("the model's own drafter: " + ", ".join(f"{d} {old['tau'][d]:.3f}" for d in REPORT_DRAFTS))
+    print(f"written to {out} (load it with --model {out})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(argv)
+        return run(args, argv)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
