@@ -97,3 +97,13 @@ def test_judge_metrics_on_known_input():
 def test_image_round_trip_helpers():
     images, _ = synthetic_images(4)
     assert torch.equal(to_uint8(to_unit(images)), images)
+
+
+def test_target_shape_is_chosen_then_recorded_and_read_back():
+    from coolsd.models.config import CONFIGS
+    from coolsd.toy.train import TARGET_CONFIG, target_config
+
+    assert target_config(None, {}) == TARGET_CONFIG == CONFIGS["fashion"]
+    assert target_config("fashion-deep", {}) == CONFIGS["fashion-deep"]
+    log = {"target": {"shape": CONFIGS["fashion-deep"].to_dict()}}  # what stage_target writes
+    assert target_config(None, log) == CONFIGS["fashion-deep"] and target_config("fashion", log) == TARGET_CONFIG

@@ -5,6 +5,10 @@
     python -m coolsd.train target       # class-conditional LlamaGen-style transformer on the VQ codes
     python -m coolsd.train drafter      # Eagle-1 head on the target's features of the training images
     python -m coolsd.train export       # write the bundle to assets/ (safetensors + JSON)
+    python -m coolsd.train codes        # tokenize the training set with the work folder's tokenizer
+
+``--shape`` (a name in ``coolsd.models.config.CONFIGS``, default ``fashion``) picks the target's shape; the target
+stage records it and later stages read it back.
 
 Checkpoints go to ``--work`` (default ``runs/fashion``); an interrupted stage resumes from its last one.
 """
@@ -233,6 +237,7 @@ class StageContext:
     schedule: Schedule | None  # None for export, which trains nothing
     train: tuple[Tensor, Tensor]
     test: tuple[Tensor, Tensor]
+    config: ModelConfig = TARGET_CONFIG  # the target's shape
 
 
 def stage_judge(ctx: StageContext, log: dict) -> None:
@@ -265,15 +270,21 @@ def stage_tokenizer(ctx: StageContext, log: dict) -> None:
 def stage_target(ctx: StageContext, log: dict) -> None:
     """Train the target transformer on the tokenizer stage's codes."""
     tokens = torch.load(ctx.work / "train_tokens.pt", weights_only=True)
-    model, losses = train_target(tokens, ctx.train[1], TARGET_CONFIG, ctx.schedule, ctx.work / "target.ckpt")
+    model, losses = train_target(tokens, ctx.train[1], ctx.config, ctx.schedule, ctx.work / "target.ckpt")
     torch.save(model.state_dict(), ctx.work / "target.pt")
-    log["target"] = {"final_loss": recent_mean(losses), "steps": ctx.schedule.steps}
+    log["target"] = {"final_loss": recent_mean(losses), "steps": ctx.schedule.steps, "shape": ctx.config.to_dict()}
+
+
+def stage_codes(ctx: StageContext, log: dict) -> None:
+    """Tokenize the training set with the tokenizer already in the work folder (e.g. copied from a bundle, to
+    train another target on the same codes)."""
+    torch.save(tokenize(load_tokenizer(ctx.work), ctx.train[0]), ctx.work / "train_tokens.pt")
 
 
 def stage_drafter(ctx: StageContext, log: dict) -> None:
     """Train the Eagle-1 drafter against the finished, frozen target."""
     tokens = torch.load(ctx.work / "train_tokens.pt", weights_only=True)
-    drafter, losses = train_drafter(trained(Transformer, ctx.work / "target.pt"), tokens, ctx.train[1],
+    drafter, losses = train_drafter(trained(Transformer, ctx.work / "target.pt", ctx.config), tokens, ctx.train[1],
                                     ctx.schedule, ctx.work / "drafter.ckpt")
     torch.save(drafter.state_dict(), ctx.work / "drafter.pt")
     log["drafter"] = {"final_loss": recent_mean(losses), "steps": ctx.schedule.steps}
@@ -281,13 +292,13 @@ def stage_drafter(ctx: StageContext, log: dict) -> None:
 
 def stage_export(ctx: StageContext, log: dict) -> None:
     """Write the bundle; it trains nothing, so it adds nothing to ``log``."""
-    export(ctx.work, ctx.out)
+    export(ctx.work, ctx.out, ctx.config)
     print(f"bundle written to {ctx.out}")
 
 
 STAGES: dict[str, Callable[[StageContext, dict], None]] = {
     "judge": stage_judge, "tokenizer": stage_tokenizer, "target": stage_target, "drafter": stage_drafter,
-    "export": stage_export,
+    "export": stage_export, "codes": stage_codes,
 }
 
 
@@ -299,6 +310,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="bundle directory written by export")
     parser.add_argument("--steps", type=int, default=None, help="override the stage's step count")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--shape", choices=list(CONFIGS), default=None,
+                        help="target shape (default: the one the target stage recorded, else fashion)")
     return parser.parse_args(argv)
 
 
@@ -324,11 +337,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}")
         return 2
     log = read_log(args.work)
-    STAGES[args.stage](StageContext(args.work, args.out, schedule, train, test), log)
+    STAGES[args.stage](StageContext(args.work, args.out, schedule, train, test, target_config(args.shape, log)), log)
     if args.stage != "export":
         log.setdefault("seconds", {})[args.stage] = time.time() - started
         (args.work / "log.json").write_text(json.dumps(log, indent=2) + "\n")
     return 0
+
+
+def target_config(shape: str | None, log: dict) -> ModelConfig:
+    """``--shape`` if given, else the shape the target stage recorded in the work folder, else the shipped one."""
+    recorded = log.get("target", {}).get("shape")
+    return CONFIGS[shape] if shape else ModelConfig(**recorded) if recorded else TARGET_CONFIG
 
 
 def read_log(work: Path) -> dict:
@@ -336,17 +355,18 @@ def read_log(work: Path) -> dict:
     return json.loads((work / "log.json").read_text()) if (work / "log.json").exists() else {}
 
 
-def trained(model_class: type[Transformer] | type[Drafter], path: Path) -> nn.Module:
-    """A target or drafter of the shipped shape with a finished stage's weights."""
-    model = model_class(TARGET_CONFIG)
+def trained(model_class: type[Transformer] | type[Drafter], path: Path, config: ModelConfig = TARGET_CONFIG
+            ) -> nn.Module:
+    """A target or drafter of shape ``config`` with a finished stage's weights."""
+    model = model_class(config)
     model.load_state_dict(torch.load(path, weights_only=True))
     return model.eval()
 
 
-def export(work: Path, out: Path) -> Bundle:
+def export(work: Path, out: Path, config: ModelConfig = TARGET_CONFIG) -> Bundle:
     """Assemble the trained stages into a bundle directory (weights as safetensors)."""
     tokenizer, judge = load_tokenizer(work), load_judge(work)
-    bundle = Bundle(trained(Transformer, work / "target.pt"), trained(Drafter, work / "drafter.pt"),
+    bundle = Bundle(trained(Transformer, work / "target.pt", config), trained(Drafter, work / "drafter.pt", config),
                     tokenizer.quantize.codebook.detach().clone(), name="fashion", class_names=CLASS_NAMES,
                     sampling=DEFAULT_SAMPLING)
     save_bundle(bundle, out, extra={"training": read_log(work)})
