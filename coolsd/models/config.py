@@ -90,5 +90,7 @@ CONFIGS: dict[str, ModelConfig] = {
     "llamagen-t2i-xl": ModelConfig(vocab_size=16384, dim=1280, n_layer=36, n_head=20, num_classes=1000,
                                    grid_height=16, grid_width=16, cls_token_num=120, caption_dim=2048),
 }
-# The shapes --random-init offers: tiny and small for tests and CPUs, the LlamaGen ones for profiling real shapes.
-RANDOM_INIT_SIZES = ("tiny", "small", "llamagen-b", "llamagen-l", "llamagen-xl", "llamagen-t2i-xl")
+# The shapes --random-init offers: tiny and small for tests and CPUs, the default model's shapes for comparing
+# what a CPU round costs (bench --profile), the LlamaGen ones for profiling real shapes.
+RANDOM_INIT_SIZES = ("tiny", "small", "fashion", "fashion-deep", "llamagen-b", "llamagen-l", "llamagen-xl",
+                     "llamagen-t2i-xl")
