@@ -69,6 +69,16 @@ def test_bench_runs_every_method(tmp_path):
     assert runs[0]["tau"] == 1.0 and runs[0]["speedup_vs_ar"] == 1.0
     assert runs[0]["target_forwards_per_image"] == 16
     assert runs[1]["target_forwards_per_image"] < 16
+    # the target's log-likelihood of the images: image i is class i mod C with seed i, recomputed here
+    from coolsd.core.decode import generate
+    from coolsd.core.likelihood import mean_log_likelihood
+    from coolsd.core.rules import AR
+    from coolsd.models.bundle import random_bundle
+    model = random_bundle("tiny", device="cpu")
+    want = np.mean([mean_log_likelihood(model.target, i % 10, generate(model, i % 10, AR(), seed=i).tokens,
+                                        model.sampling) for i in range(2)])
+    assert runs[0]["log_likelihood_per_token"] == pytest.approx(want, abs=1e-6)
+    assert all(-np.log(model.config.vocab_size) * 3 < r["log_likelihood_per_token"] < 0 for r in runs)
 
 
 def test_bench_adds_ar_and_rejects_bad_specs(tmp_path, capsys):

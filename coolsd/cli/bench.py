@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.decode import EMPTY, Generation, generate
+from ..core.likelihood import mean_log_likelihood
 from ..core.params import Param
 from ..core.rules import RULES, AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
@@ -137,8 +138,9 @@ def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | D
         bar.update(len(methods) * repeats)
     bar.close()
     ar_latency = latency[[name for name, _ in methods].index("ar")]
-    runs = [summarise(name, params, gens[m], latency[m], ar_latency, tree.name, bundle, keep_images)
-            for m, (name, params) in enumerate(methods)]
+    image_conditions = [conditions[i % len(conditions)] for i in range(images)]
+    runs = [summarise(name, params, gens[m], latency[m], ar_latency, tree.name, bundle, keep_images,
+                      image_conditions, sampling) for m, (name, params) in enumerate(methods)]
     judge_features = getattr(bundle.quality, "num_features", None)
     return {"model": bundle.name, "device": str(bundle.device), "dtype": str(next(bundle.target.parameters()).dtype),
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
@@ -147,8 +149,9 @@ def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | D
 
 
 def summarise(name: str, params: dict, gens: list[Generation], latency: list[float], ar_latency: list[float],
-              draft: str, bundle: Bundle, keep_images: bool) -> dict:
-    """One method's record. ``latency[i]`` and ``ar_latency[i]`` are image i's (median) latencies."""
+              draft: str, bundle: Bundle, keep_images: bool, conditions: list, sampling: SamplingConfig) -> dict:
+    """One method's record. ``latency[i]`` and ``ar_latency[i]`` are image i's (median) latencies; image i was
+    generated for ``conditions[i]``."""
     stats = [g.stats for g in gens]
     rounds = sum(s.target_forwards for s in stats)
     phase = {k: sum(s.seconds[k] for s in stats) for k in ("drafting", "target_forward", "acceptance", "other")}
@@ -164,6 +167,10 @@ def summarise(name: str, params: dict, gens: list[Generation], latency: list[flo
         # the spread of the paired per-image ratios (same class and seed, measured moments apart)
         "speedup_vs_ar_iqr": quartiles([a / m for a, m in zip(ar_latency, latency)]),
         "relaxation_cost_mean": float(np.mean([s.relaxation_cost for s in stats])),
+        # the target's own log-likelihood of the images, nats per token (coolsd.core.likelihood): lossless
+        # methods estimate the target's negative entropy rate; relaxation moves it
+        "log_likelihood_per_token": float(np.mean([mean_log_likelihood(bundle.target, c, g.tokens, sampling)
+                                                   for c, g in zip(conditions, gens)])),
         "seconds_per_image": {k: v / len(stats) for k, v in phase.items()},
         # the verification logic (sampling transform + acceptance walk) per round, relative to a target forward
         "acceptance_vs_target_forward": phase["acceptance"] / phase["target_forward"],
@@ -202,7 +209,7 @@ def format_table(result: dict) -> str:
              f"{'s' if threads != 1 else ''}, {result['images']} images x {len(result['runs'])} methods, "
              f"{result['repeats']} timing(s) each, draft {result['draft']}"]
     header = ["label", "tau", "fwd/img", "latency ms", "latency IQR ms", "speed-up", "speed-up IQR",
-              "accept/fwd", "judge acc", "fid"]
+              "accept/fwd", "loglik/token", "judge acc", "fid"]
     rows = [header]
     for run in result["runs"]:
         low, high = run["latency_iqr_s"]
@@ -210,7 +217,7 @@ def format_table(result: dict) -> str:
         rows.append([run["label"][:40], f"{run['tau']:.3f}", f"{run['target_forwards_per_image']:.1f}",
                      f"{1000 * run['latency_median_s']:.1f}", f"{1000 * low:.1f}-{1000 * high:.1f}",
                      f"{run['speedup_vs_ar']:.2f}x", f"{speed_low:.2f}-{speed_high:.2f}x",
-                     f"{run['acceptance_vs_target_forward']:.3f}",
+                     f"{run['acceptance_vs_target_forward']:.3f}", f"{run['log_likelihood_per_token']:.4f}",
                      f"{run['judge_accuracy']:.3f}" if "judge_accuracy" in run else "",
                      f"{run['fid']:.2f}" if "fid" in run else ""])
     shown = [c for c in range(len(header)) if any(row[c] for row in rows[1:])]  # no judge: no quality columns
