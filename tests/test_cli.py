@@ -79,6 +79,16 @@ def test_bench_runs_every_method(tmp_path):
                                         model.sampling) for i in range(2)])
     assert runs[0]["log_likelihood_per_token"] == pytest.approx(want, abs=1e-6)
     assert all(-np.log(model.config.vocab_size) * 3 < r["log_likelihood_per_token"] < 0 for r in runs)
+    # paired differences from Eagle-1 with bootstrap intervals: zero for Eagle-1 itself, the plain difference
+    # of the means for every method, inside its interval
+    assert all(runs[1]["vs_eagle"][k]["low"] == runs[1]["vs_eagle"][k]["high"] == 0 for k in runs[1]["vs_eagle"])
+    for run in runs:
+        for key in ("tau", "log_likelihood_per_token"):
+            diff = run["vs_eagle"][key]
+            assert diff["value"] == pytest.approx(run[key] - runs[1][key], abs=1e-12)
+            assert diff["low"] <= diff["value"] <= diff["high"] and diff["level"] == 0.95
+        speedup = run["vs_eagle"]["speedup_vs_ar"]
+        assert speedup["value"] == pytest.approx(run["speedup_vs_ar"] - runs[1]["speedup_vs_ar"], abs=1e-12)
 
 
 def test_bench_adds_ar_and_rejects_bad_specs(tmp_path, capsys):

@@ -29,6 +29,7 @@ from ..core.likelihood import mean_log_likelihood
 from ..core.params import Param
 from ..core.rules import RULES, AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
+from ..core.stats import bootstrap_interval
 from ..core.trees import DraftTree, parse_draft, usable_depth
 from ..models.bundle import Bundle
 from ..models.registry import EXAMPLE_PROMPTS
@@ -138,9 +139,16 @@ def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | D
         bar.update(len(methods) * repeats)
     bar.close()
     ar_latency = latency[[name for name, _ in methods].index("ar")]
-    image_conditions = [conditions[i % len(conditions)] for i in range(images)]
-    runs = [summarise(name, params, gens[m], latency[m], ar_latency, tree.name, bundle, keep_images,
-                      image_conditions, sampling) for m, (name, params) in enumerate(methods)]
+    loglik = [[mean_log_likelihood(bundle.target, conditions[i % len(conditions)], g.tokens, sampling)
+               for i, g in enumerate(runs)] for runs in gens]  # the target's nats per token, image by image
+    runs = [summarise(name, params, gens[m], latency[m], ar_latency, tree.name, bundle, keep_images, loglik[m])
+            for m, (name, params) in enumerate(methods)]
+    names = [name for name, _ in methods]
+    if "eagle" in names:
+        eagle = names.index("eagle")
+        for m, run in enumerate(runs):
+            run["vs_eagle"] = paired_differences(gens[m], gens[eagle], latency[m], latency[eagle], ar_latency,
+                                                 loglik[m], loglik[eagle], seed)
     judge_features = getattr(bundle.quality, "num_features", None)
     return {"model": bundle.name, "device": str(bundle.device), "dtype": str(next(bundle.target.parameters()).dtype),
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
@@ -148,10 +156,27 @@ def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | D
             "warnings": sample_warnings(images, judge_features), "runs": runs}
 
 
+def paired_differences(gens: list[Generation], eagle: list[Generation], latency: list[float],
+                       eagle_latency: list[float], ar_latency: list[float], loglik: list[float],
+                       eagle_loglik: list[float], seed: int) -> dict:
+    """This method minus Eagle-1 on the same images (same classes and seeds), with paired 95% bootstrap
+    intervals: tau, speed-up over AR (ratio of medians) and the target's log-likelihood per token."""
+    tau, eagle_tau = np.array([g.stats.tau for g in gens]), np.array([g.stats.tau for g in eagle])
+    lat, eagle_lat, ar = np.array(latency), np.array(eagle_latency), np.array(ar_latency)
+    ll, eagle_ll = np.array(loglik), np.array(eagle_loglik)
+    return {
+        "tau": bootstrap_interval(len(tau), lambda i: tau[i].mean() - eagle_tau[i].mean(), seed=seed),
+        "speedup_vs_ar": bootstrap_interval(len(lat), lambda i: np.median(ar[i]) / np.median(lat[i])
+                                            - np.median(ar[i]) / np.median(eagle_lat[i]), seed=seed),
+        "log_likelihood_per_token": bootstrap_interval(len(ll), lambda i: ll[i].mean() - eagle_ll[i].mean(),
+                                                       seed=seed),
+    }
+
+
 def summarise(name: str, params: dict, gens: list[Generation], latency: list[float], ar_latency: list[float],
-              draft: str, bundle: Bundle, keep_images: bool, conditions: list, sampling: SamplingConfig) -> dict:
-    """One method's record. ``latency[i]`` and ``ar_latency[i]`` are image i's (median) latencies; image i was
-    generated for ``conditions[i]``."""
+              draft: str, bundle: Bundle, keep_images: bool, loglik: list[float]) -> dict:
+    """One method's record. ``latency[i]``, ``ar_latency[i]`` and ``loglik[i]`` are image i's (median)
+    latencies and the target's log-likelihood per token of its tokens."""
     stats = [g.stats for g in gens]
     rounds = sum(s.target_forwards for s in stats)
     phase = {k: sum(s.seconds[k] for s in stats) for k in ("drafting", "target_forward", "acceptance", "other")}
@@ -169,8 +194,7 @@ def summarise(name: str, params: dict, gens: list[Generation], latency: list[flo
         "relaxation_cost_mean": float(np.mean([s.relaxation_cost for s in stats])),
         # the target's own log-likelihood of the images, nats per token (coolsd.core.likelihood): lossless
         # methods estimate the target's negative entropy rate; relaxation moves it
-        "log_likelihood_per_token": float(np.mean([mean_log_likelihood(bundle.target, c, g.tokens, sampling)
-                                                   for c, g in zip(conditions, gens)])),
+        "log_likelihood_per_token": float(np.mean(loglik)),
         "seconds_per_image": {k: v / len(stats) for k, v in phase.items()},
         # the verification logic (sampling transform + acceptance walk) per round, relative to a target forward
         "acceptance_vs_target_forward": phase["acceptance"] / phase["target_forward"],

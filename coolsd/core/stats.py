@@ -6,6 +6,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -189,3 +190,17 @@ class GenerationStats:
 
 def _nan_to_none(values: np.ndarray) -> list:
     return [None if not np.isfinite(v) else float(v) for v in values]
+
+
+def bootstrap_interval(items: int, statistic: Callable[[np.ndarray], float], resamples: int = 2000,
+                       level: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """The statistic on all ``items`` and its percentile bootstrap interval: ``statistic(index)`` is computed on
+    ``resamples`` draws of item indices with replacement. Pass a difference of two methods computed on the SAME
+    indices (image i of both: same class and seed) to get a paired interval, which removes the spread the two
+    share."""
+    rng = np.random.default_rng(seed)
+    values = np.array([statistic(rng.integers(0, items, items)) for _ in range(resamples)])
+    tail = (1 - level) / 2
+    low, high = np.quantile(values, [tail, 1 - tail])
+    return {"value": float(statistic(np.arange(items))), "low": float(low), "high": float(high), "level": level,
+            "resamples": resamples}
