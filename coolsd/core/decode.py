@@ -200,7 +200,8 @@ def decode_round(run: Run, state: State) -> State:
                                                          run.capture)
     keep = [0] + path
     run.target_cache.commit(keep)
-    keep_index = index_tensor(keep, device)
+    # a chain (and a tree along first children) keeps a prefix of the pending area: a slice, no index to copy
+    keep_index = slice(0, len(keep)) if keep == list(range(len(keep))) else index_tensor(keep, device)
     emitted = [drafted[i] for i in path] + [token]
     record(run.stats, tree, drafted, valid, path, emitted, origin, tested, level_prob, n)
     state.tokens.extend(emitted)
