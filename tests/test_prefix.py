@@ -90,16 +90,30 @@ def cached_hidden(target: Transformer, embeds, valid, tokens: list[int]) -> torc
     return torch.cat([first, rest], 1)
 
 
+class Recorded:
+    """The engine's target with every output it returns recorded. A forward hook would not do: under CUDA
+    graphs the module runs for warm-up and capture only, and replays bypass it."""
+
+    def __init__(self, model) -> None:
+        self.model, self.outputs = model, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["model"], name)
+
+    def __call__(self, *args):
+        out = self.model(*args)
+        self.outputs.append(out.clone())
+        return out
+
+
 def engine_features(target, drafter, cap: Caption, draft: str, seed: int, steps: str = "eager"):
     """Decode one image with Eagle-1 and catch every target forward of the engine: returns the tokens, the
     features (rows, P + N - 1, dim) at the prefix and at each round's root + accepted path (the positions the
     emitted tokens were sampled from), and each round's kept nodes."""
-    outputs = []
-    hook = target.register_forward_hook(lambda module, args, out: outputs.append(out.clone()))
-    try:
-        gen = decode(*with_steps(target, drafter, steps), cap, Eagle(), parse_draft(draft), GUIDED, seed)
-    finally:
-        hook.remove()
+    stepped, drafter = with_steps(target, drafter, steps)
+    recorded = Recorded(stepped)
+    gen = decode(recorded, drafter, cap, Eagle(), parse_draft(draft), GUIDED, seed)
+    outputs = recorded.outputs
     rounds = gen.stats.rounds[1:]
     keeps = [[0] + [c.node for c in r.tested if c.accepted] for r in rounds]
     assert len(outputs) == len(rounds) + 1 and [len(k) for k in keeps] == [len(r.emitted) for r in rounds]

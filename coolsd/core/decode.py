@@ -180,13 +180,13 @@ def decode_round(run: Run, state: State) -> State:
     n = len(state.tokens)
     tree = run.tree.truncated(target.image_tokens - n - 1)
     index = tree.tensors(device)
-    node_tokens = index_tensor([state.tokens[-1]], device)
-    node_valid, q = torch.ones(1, dtype=torch.bool, device=device), None
+    root = index_tensor([state.tokens[-1]], device)
+    node_tokens, node_valid, q = root, torch.ones(1, dtype=torch.bool, device=device), None
     if tree.size:
         with run.timer.phase("drafting"):
             node_tokens, node_valid, q, _ = draft(run.drafter, target, run.drafter_cache, tree, state, run.sampling,
                                                   run.generator)
-            node_tokens[0] = state.tokens[-1]
+            node_tokens[:1] = root  # a device-to-device copy: setting a Python int would wait for the GPU
         run.stats.drafter_forwards += tree.depth
     with run.timer.phase("target_forward"):  # score: the root is image token n-1, at position P + n - 1
         embeds = target.embed(node_tokens)[None].expand(rows, -1, -1)

@@ -13,6 +13,7 @@ from functools import cached_property
 import torch
 
 from .params import number, shorten
+from .transfer import index_tensor, to_device
 
 Path = tuple[int, ...]
 
@@ -100,11 +101,11 @@ class DraftTree:
         """The index tensors the decoding loop needs, built once per device."""
         key = str(device)
         if key not in self._tensors:
-            levels = [{k: torch.tensor(v, device=device) if isinstance(v, list) else v for k, v in lvl.items()}
+            levels = [{k: index_tensor(v, device) if isinstance(v, list) else v for k, v in lvl.items()}
                       for lvl in self.level_draws]
-            self._tensors[key] = {"depths": torch.tensor(self.depths, device=device),
-                                  "inner": torch.tensor(self.inner_nodes, dtype=torch.long, device=device),
-                                  "mask": self.ancestor_mask.to(device), "levels": levels}
+            self._tensors[key] = {"depths": index_tensor(list(self.depths), device),
+                                  "inner": index_tensor(list(self.inner_nodes), device),
+                                  "mask": to_device(self.ancestor_mask, device), "levels": levels}
         return self._tensors[key]
 
     def truncated(self, max_depth: int) -> "DraftTree":
