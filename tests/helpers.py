@@ -131,3 +131,18 @@ def chi_square_pvalue(samples: list[tuple], law: dict[tuple, float], min_expecte
     dof = cells - 1
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                          torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def count_generations(monkeypatch) -> list[str]:
+    """The method name of every image the benchmark generates from now on, in order."""
+    from coolsd.cli import bench
+
+    calls = []
+    real_generate = bench.generate
+
+    def counted(*args, **kwargs):
+        calls.append(args[2].name)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "generate", counted)
+    return calls

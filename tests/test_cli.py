@@ -7,6 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
+from helpers import count_generations
 from PIL import Image
 
 from coolsd.cli import bench, generate
@@ -230,14 +231,7 @@ def test_threads_are_chosen_deliberately(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_repeats_and_speedup_spread(tmp_path, capsys, monkeypatch):
-    calls = []
-    real_generate = bench.generate
-
-    def counted(*args, **kwargs):
-        calls.append(args[2].name)
-        return real_generate(*args, **kwargs)
-
-    monkeypatch.setattr(bench, "generate", counted)
+    calls = count_generations(monkeypatch)
     out = tmp_path / "r.json"
     assert bench.main(["--methods", "eagle", "cool:delta=2", "--images", "4", "--repeats", "3", "--warmup", "1",
                        *TINY, "--no-progress", "--out", str(out)]) == 0

@@ -1,48 +1,79 @@
-"""Benchmark: speed (and, with a judge, quality) of several methods on the same classes and seeds.
+"""Benchmark: speed and quality of configurations (a method on a draft) on the same classes and seeds.
 
     python -m coolsd.bench --methods ar eagle cool:delta=2 uniform:delta=2 \\
         lantern:k=10,lambda=5,residual=gstar --images 20 --out results.json
+    python -m coolsd.bench --preset paper --images 1000 --work runs/paper --out r.json --csv r.csv
+    torchrun --nproc_per_node 4 -m coolsd.bench --preset paper --images 1000 --latency-images 200 --work runs/paper
 
-Batch 1; each method first generates ``--warmup`` untimed images; images are interleaved across methods so
-that all of them see the same machine conditions; AR is always measured in the same run. With ``--repeats R``
-each (image, method) pair is generated R times, interleaved across methods, and its latency is the median.
-Speed-ups come with their spread: the quartiles of the per-image ratio AR latency / method latency (same
-class and seed, measured moments apart).
+Batch 1. Image i is class i mod C with seed ``seed + i`` for every configuration. Each (configuration, image)
+gives a sample record: tokens, tau, the target's log-likelihood, the relaxation cost and, with a judge that
+scores single images, its features and verdict. Speed comes from timing images 0..M-1 (``--latency-images``,
+default all): each configuration first generates ``--warmup`` untimed images, then the images are interleaved
+across configurations so that all see the same machine conditions, ``--repeats R`` times each (the median
+counts); AR is always measured in the same run. Speed-ups come with their spread (the quartiles of the
+per-image ratio AR latency / method latency) and every difference from Eagle-1 (on the same draft) with a
+paired 95% bootstrap interval over images.
+
+One process makes one pass: a timed image's median-latency generation is also its sample (decoding is
+deterministic for a seed, so an untimed generation would give the same record), the other images are
+generated once. Under torchrun the (configuration, image) items are split over the processes and generated
+untimed; rank 0 gathers the samples, the others exit, and rank 0 then times images 0..M-1 alone, so that no
+timing shares the machine with another process's work. With M left at every image that pass costs as much as
+a one-process run: give a smaller ``--latency-images`` to gain from the processes. With ``--work DIR`` every
+record is appended to DIR as soon as it is done, and a rerun with the same arguments continues from there.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import platform
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..core.decode import EMPTY, Generation, generate
+from ..core.decode import Generation, generate
 from ..core.likelihood import mean_log_likelihood
 from ..core.params import Param
-from ..core.rules import RULES, AcceptanceRule, build_rule
+from ..core.rules import AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.stats import bootstrap_interval
-from ..core.trees import DraftTree, parse_draft, usable_depth
-from ..models.bundle import Bundle
+from ..core.trees import usable_depth
+from ..models.bundle import Bundle, pick_device
 from ..models.registry import EXAMPLE_PROMPTS
+from ..models.steps import unwrapped
 from .common import (
     OneLineParser,
     add_model_arguments,
+    check_device,
     check_model_args,
     check_output,
     load_model,
     run_command,
     sampling_from,
 )
-from .methods import check_rule, method_label, parse_method
+from .methods import PRESETS
+from .study import (
+    Configuration,
+    Records,
+    Shard,
+    Study,
+    check_work,
+    gather,
+    join,
+    merge,
+    open_work,
+    plan,
+    shard_device,
+    shard_from_environment,
+)
 
 IMAGES = Param("images", 1, 100_000, 20, 1, "images per method", integer=True)
 WARMUP = Param("warmup", 0, 100, 2, 1, "untimed images per method", integer=True)
@@ -52,6 +83,11 @@ REPEATS = Param("repeats", 1, 100, 1, 1, "timings per image and method", integer
 PROFILE_IMAGES = Param("images", 0, 100_000, 20, 1, "whole images per method (0: parts only)", integer=True)
 FID_MIN_IMAGES = 200  # the project's measurement: FID moves by about +-1 between two lossless runs of 200 images
 CONSISTENCY_MIN_IMAGES = 100  # binomial standard error <= 0.5 / sqrt(100) = 5 percentage points, whatever the rate
+# FID's bootstrap computes two FIDs per resample (about 1.4 ms each at 1,000 images x 128 features on one busy
+# CPU core): 1,000 resamples cost about 3 s per configuration; the other statistics take the default 2,000.
+FID_RESAMPLES = 1000
+DEFAULT_METHODS = ["ar", "eagle", "cool:delta=2"]
+PHASES = ("drafting", "target_forward", "acceptance", "other")
 
 
 class NotDeterministic(RuntimeError):
@@ -95,150 +131,342 @@ def benchmark_conditions(bundle: Bundle) -> list:
     return list(range(bundle.config.num_classes))
 
 
-def time_image(bundle: Bundle, methods: list[tuple[str, dict]], rules: list[AcceptanceRule], condition,
-               seed: int, draft: DraftTree, sampling: SamplingConfig, repeats: int) -> list[tuple[Generation, float]]:
-    """One (class, seed) for every method, ``repeats`` times, interleaved across methods so that a change in
-    machine load hits all of them alike. Per method: the generation of median latency (median-low for an even
-    ``repeats``; its phase timings go in the summary) and the median latency. Decoding is deterministic for a
-    given seed, so every repeat must give the same tokens; if not, the repeats would time different work."""
-    gens: list[list[Generation]] = [[] for _ in methods]
+@dataclass
+class Bench:
+    """What every pass needs: the model, the study, each configuration's rule (built once), the conditions,
+    the sampling transform and the finished records."""
+
+    bundle: Bundle
+    study: Study
+    rules: list[AcceptanceRule]
+    conditions: list
+    sampling: SamplingConfig
+    records: Records
+
+    def condition(self, image: int):
+        return self.conditions[image % len(self.conditions)]
+
+
+def time_image(bundle: Bundle, configurations: list[Configuration], rules: list[AcceptanceRule], condition,
+               seed: int, sampling: SamplingConfig, repeats: int) -> list[tuple[Generation, float]]:
+    """One (class, seed) for every configuration, ``repeats`` times, interleaved across configurations so that a
+    change in machine load hits all of them alike. Per configuration: the generation of median latency
+    (median-low for an even ``repeats``; its phase timings go in the summary) and the median latency. Decoding
+    is deterministic for a given seed, so every repeat must give the same tokens; if not, the repeats would
+    time different work."""
+    gens: list[list[Generation]] = [[] for _ in configurations]
     for _ in range(repeats):
-        for runs, rule in zip(gens, rules):
-            runs.append(generate(bundle, condition, rule, draft, sampling, seed=seed))
+        for runs, rule, configuration in zip(gens, rules, configurations):
+            runs.append(generate(bundle, condition, rule, configuration.tree, sampling, seed=seed))
     out = []
-    for runs, (name, params) in zip(gens, methods):
+    for runs, configuration in zip(gens, configurations):
         if any(g.tokens != runs[0].tokens for g in runs):
-            raise NotDeterministic(f"{method_label(name, params)} gave different tokens for {condition!r}, seed "
-                               f"{seed} across repeats: decoding is not deterministic, repeated timings are invalid")
+            raise NotDeterministic(f"{configuration.label} gave different tokens for {condition!r}, seed {seed} "
+                                   "across repeats: decoding is not deterministic, repeated timings are invalid")
         by_time = sorted(runs, key=lambda g: g.stats.seconds["total"])
         out.append((by_time[(len(by_time) - 1) // 2], statistics.median(g.stats.seconds["total"] for g in runs)))
     return out
 
 
-def run_benchmark(bundle: Bundle, specs: list[str], images: int, draft: "str | DraftTree", sampling: SamplingConfig,
-                  seed: int = 0, warmup: int = 2, progress: bool = True, keep_images: bool = False,
-                  repeats: int = 1) -> dict:
-    """Generate ``images`` images per method (image i: class i mod C, seed ``seed + i``) and summarise."""
-    methods = [parse_method(s) for s in specs]
-    if not any(name == "ar" for name, _ in methods):
-        methods.insert(0, ("ar", {}))
-    tree = parse_draft(draft, usable_depth(bundle.config.image_tokens))
-    conditions = benchmark_conditions(bundle)
-    rules = [build_rule(name, params, tree.depth, bundle.neighbours) for name, params in methods]  # once per method
-    for rule in rules:  # warm up
-        for i in range(warmup):
-            generate(bundle, conditions[i % len(conditions)], rule, tree, sampling, seed=10**9 + i)
-    gens: list[list[Generation]] = [[] for _ in methods]
-    latency: list[list[float]] = [[] for _ in methods]
-    bar = tqdm(total=images * len(methods) * repeats, desc="bench", disable=not progress, file=sys.stderr)
-    for i in range(images):
-        timed = time_image(bundle, methods, rules, conditions[i % len(conditions)], seed + i, tree, sampling, repeats)
-        for m, (generation, seconds) in enumerate(timed):
-            gens[m].append(generation)
-            latency[m].append(seconds)
-        bar.update(len(methods) * repeats)
+def sample_record(bench: Bench, configuration: Configuration, image: int, generation: Generation) -> dict:
+    """What a (configuration, image) gives on any machine: tokens, tau, forwards, relaxation cost, the target's
+    log-likelihood per token and, when the bundle's quality judges single images (``per_image``), the judge's
+    features and verdict. JSON values only, so a record read back or received from another process is equal."""
+    stats = generation.stats
+    record = {"kind": "sample", "configuration": configuration.label, "image": image, "seed": stats.seed,
+              "class_id": stats.class_id, "tokens": [int(t) for t in generation.tokens], "tau": stats.tau,
+              "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
+              "relaxation_cost": stats.relaxation_cost,
+              # the plain model: the teacher-forced forward needs no step wrapper (static caches, CUDA graphs)
+              "log_likelihood_per_token": mean_log_likelihood(unwrapped(bench.bundle.target), bench.condition(image),
+                                                              generation.tokens, bench.sampling)}
+    per_image = getattr(bench.bundle.quality, "per_image", None)
+    if per_image is not None:
+        judged = per_image([bench.bundle.image(generation.tokens)], [stats.class_id])
+        # float32's shortest decimals: a third of a double's digits, and they read back to the same float32
+        record["judge_features"] = [float(str(value)) for value in judged["features"][0]]
+        record["judge_correct"] = bool(judged["correct"][0])
+    return record
+
+
+def timing_record(configuration: Configuration, image: int, generation: Generation, seconds: float) -> dict:
+    """A timed image: its median latency, and the phases and rounds of the generation of median latency."""
+    return {"kind": "timing", "configuration": configuration.label, "image": image, "latency_s": seconds,
+            "seconds": {phase: generation.stats.seconds[phase] for phase in PHASES},
+            "target_forwards": generation.stats.target_forwards}
+
+
+def keep_sample(bench: Bench, configuration: Configuration, image: int, generation: Generation) -> None:
+    """A timed generation is the image's sample when there is none yet, and must repeat the one there is."""
+    stored = bench.records.get("sample", configuration.label, image)
+    if stored is None:
+        bench.records.add(sample_record(bench, configuration, image, generation))
+    elif stored["tokens"] != generation.tokens:
+        raise NotDeterministic(f"{configuration.label} gave other tokens for image {image} than its recorded sample "
+                               "(another device, torch or thread count?): its timing would not be of the same work")
+
+
+def progress_bar(total: int, desc: str, progress: bool) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="item", disable=not progress or not total, file=sys.stderr)
+
+
+def timing_pass(bench: Bench, progress: bool) -> None:
+    """Time images 0..M-1 of each configuration not timed yet: warm-up first, then image by image across
+    configurations (:func:`time_image`); each record is kept as soon as its image is done."""
+    study, configurations = bench.study, bench.study.configurations
+    todo = {image: [k for k, c in enumerate(configurations) if bench.records.get("timing", c.label, image) is None]
+            for image in range(study.timed_images)}
+    todo = {image: pending for image, pending in todo.items() if pending}
+    for k in sorted({k for pending in todo.values() for k in pending}):
+        for i in range(study.warmup):
+            generate(bench.bundle, bench.condition(i), bench.rules[k], configurations[k].tree, bench.sampling,
+                     seed=10**9 + i)
+    bar = progress_bar(sum(map(len, todo.values())), "time", progress)
+    for image, pending in todo.items():
+        timed = time_image(bench.bundle, [configurations[k] for k in pending], [bench.rules[k] for k in pending],
+                           bench.condition(image), study.seed + image, bench.sampling, study.repeats)
+        for k, (generation, seconds) in zip(pending, timed):
+            keep_sample(bench, configurations[k], image, generation)
+            bench.records.add(timing_record(configurations[k], image, generation, seconds))
+        bar.update(len(pending))
     bar.close()
-    ar_latency = latency[[name for name, _ in methods].index("ar")]
-    loglik = [[mean_log_likelihood(bundle.target, conditions[i % len(conditions)], g.tokens, sampling)
-               for i, g in enumerate(runs)] for runs in gens]  # the target's nats per token, image by image
-    runs = [summarise(name, params, gens[m], latency[m], ar_latency, tree.name, bundle, keep_images, loglik[m])
-            for m, (name, params) in enumerate(methods)]
-    names = [name for name, _ in methods]
-    if "eagle" in names:
-        eagle = names.index("eagle")
-        for m, run in enumerate(runs):
-            run["vs_eagle"] = paired_differences(gens[m], gens[eagle], latency[m], latency[eagle], ar_latency,
-                                                 loglik[m], loglik[eagle], seed)
-    judge_features = getattr(bundle.quality, "num_features", None)
+
+
+def sample_pass(bench: Bench, items: list[tuple[int, int]], progress: bool) -> list[dict]:
+    """Generate each (configuration, image) once, untimed, unless its sample is recorded; the items' samples."""
+    configurations = bench.study.configurations
+    todo = [(k, image) for k, image in items if bench.records.get("sample", configurations[k].label, image) is None]
+    bar = progress_bar(len(todo), "generate", progress)
+    for k, image in todo:
+        generation = generate(bench.bundle, bench.condition(image), bench.rules[k], configurations[k].tree,
+                              bench.sampling, seed=bench.study.seed + image)
+        bench.records.add(sample_record(bench, configurations[k], image, generation))
+        bar.update()
+    bar.close()
+    return [bench.records.get("sample", configurations[k].label, image) for k, image in items]
+
+
+def run_benchmark(bundle: Bundle, study: Study, sampling: SamplingConfig, records: Records | None = None,
+                  shard: Shard | None = None, progress: bool = True, keep_images: bool = False) -> dict | None:
+    """Measure the study (one pass on one process; under torchrun a sharded untimed pass, then the timing pass
+    on rank 0: see the module's docstring) and summarise it: the result on rank 0, None on the others."""
+    shard = shard or Shard()
+    rules = [build_rule(c.name, c.params, c.tree.depth, bundle.neighbours) for c in study.configurations]
+    bench = Bench(bundle, study, rules, benchmark_conditions(bundle), sampling, records or Records())
+    if shard.world == 1:
+        timing_pass(bench, progress)
+        sample_pass(bench, study.items(), progress)
+    else:
+        samples = gather(sample_pass(bench, shard.share(study.items()), progress), shard)
+        if samples is None:
+            return None
+        for record in merge(samples, study):
+            bench.records.add(record, save=False)  # saved by the process that made it
+        timing_pass(bench, progress)
+    return {**summarise_study(bench, keep_images), "processes": shard.world}
+
+
+def column(records: list[dict], key: str) -> np.ndarray:
+    return np.array([record[key] for record in records])
+
+
+def judge_features(samples: list[dict]) -> np.ndarray:
+    return np.array([sample["judge_features"] for sample in samples], dtype=np.float32)
+
+
+def eagle_baseline(configurations: tuple[Configuration, ...], k: int) -> int | None:
+    """Eagle-1 on configuration k's draft, else the first Eagle-1 (for AR, or a draft without one)."""
+    eagles = [e for e, c in enumerate(configurations) if c.name == "eagle"]
+    same_draft = [e for e in eagles if configurations[e].draft == configurations[k].draft]
+    return (same_draft or eagles or [None])[0]
+
+
+def summarise_study(bench: Bench, keep_images: bool) -> dict:
+    """Every configuration's record from its samples (all images) and timings (images 0..M-1), and its
+    differences from Eagle-1 on the same images."""
+    study, bundle = bench.study, bench.bundle
+    configurations = study.configurations
+    samples = [[bench.records.get("sample", c.label, i) for i in range(study.images)] for c in configurations]
+    timings = [[bench.records.get("timing", c.label, i) for i in range(study.timed_images)] for c in configurations]
+    ar = next(k for k, c in enumerate(configurations) if c.name == "ar")
+    runs = [summarise(c, samples[k], timings[k], timings[ar], bundle, keep_images)
+            for k, c in enumerate(configurations)]
+    for k, run in enumerate(runs):
+        eagle = eagle_baseline(configurations, k)
+        if eagle is not None:
+            run["vs_eagle"] = paired_differences(samples[k], samples[eagle], timings[k], timings[eagle], timings[ar],
+                                                 bundle.quality, study.seed)
+            run["eagle_baseline"] = configurations[eagle].label
+    judge_size = getattr(bundle.quality, "num_features", None)
     return {"model": bundle.name, "device": str(bundle.device), "dtype": str(next(bundle.target.parameters()).dtype),
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-            "images": images, "repeats": repeats, "draft": tree.name, "sampling": sampling.to_dict(), "seed": seed,
-            "warnings": sample_warnings(images, judge_features), "runs": runs}
+            "images": study.images, "latency_images": study.timed_images, "repeats": study.repeats,
+            "draft": ", ".join(study.drafts) or "none", "drafts": study.drafts,
+            "sampling": bench.sampling.to_dict(), "seed": study.seed,
+            "warnings": sample_warnings(study.images, judge_size), "skipped": list(study.skipped), "runs": runs}
 
 
-def paired_differences(gens: list[Generation], eagle: list[Generation], latency: list[float],
-                       eagle_latency: list[float], ar_latency: list[float], loglik: list[float],
-                       eagle_loglik: list[float], seed: int) -> dict:
-    """This method minus Eagle-1 on the same images (same classes and seeds), with paired 95% bootstrap
-    intervals: tau, speed-up over AR (ratio of medians) and the target's log-likelihood per token."""
-    tau, eagle_tau = np.array([g.stats.tau for g in gens]), np.array([g.stats.tau for g in eagle])
-    lat, eagle_lat, ar = np.array(latency), np.array(eagle_latency), np.array(ar_latency)
-    ll, eagle_ll = np.array(loglik), np.array(eagle_loglik)
-    return {
+def paired_differences(samples: list[dict], eagle: list[dict], timings: list[dict], eagle_timings: list[dict],
+                       ar_timings: list[dict], quality, seed: int) -> dict:
+    """This configuration minus Eagle-1 on the same images (same classes and seeds), with paired 95% bootstrap
+    intervals: tau, speed-up over AR (ratio of medians, on the timed images), the target's log-likelihood per
+    token and, with per-image judge outputs, class consistency and FID."""
+    tau, eagle_tau = column(samples, "tau"), column(eagle, "tau")
+    lat, eagle_lat, ar = (column(t, "latency_s") for t in (timings, eagle_timings, ar_timings))
+    ll, eagle_ll = column(samples, "log_likelihood_per_token"), column(eagle, "log_likelihood_per_token")
+    out = {
         "tau": bootstrap_interval(len(tau), lambda i: tau[i].mean() - eagle_tau[i].mean(), seed=seed),
         "speedup_vs_ar": bootstrap_interval(len(lat), lambda i: np.median(ar[i]) / np.median(lat[i])
                                             - np.median(ar[i]) / np.median(eagle_lat[i]), seed=seed),
         "log_likelihood_per_token": bootstrap_interval(len(ll), lambda i: ll[i].mean() - eagle_ll[i].mean(),
                                                        seed=seed),
     }
+    if "judge_correct" in samples[0] and "judge_correct" in eagle[0]:
+        out.update(judge_differences(samples, eagle, quality, seed))
+    return out
 
 
-def summarise(name: str, params: dict, gens: list[Generation], latency: list[float], ar_latency: list[float],
-              draft: str, bundle: Bundle, keep_images: bool, loglik: list[float]) -> dict:
-    """One method's record. ``latency[i]``, ``ar_latency[i]`` and ``loglik[i]`` are image i's (median)
-    latencies and the target's log-likelihood per token of its tokens."""
-    stats = [g.stats for g in gens]
-    rounds = sum(s.target_forwards for s in stats)
-    phase = {k: sum(s.seconds[k] for s in stats) for k in ("drafting", "target_forward", "acceptance", "other")}
+def judge_differences(samples: list[dict], eagle: list[dict], quality, seed: int) -> dict:
+    """Class consistency and FID minus Eagle-1's, each resample drawing the same image indices for both."""
+    correct, eagle_correct = (column(s, "judge_correct").astype(float) for s in (samples, eagle))
+    out = {"judge_accuracy": bootstrap_interval(len(correct), lambda i: correct[i].mean() - eagle_correct[i].mean(),
+                                                seed=seed)}
+    if len(samples) >= 2:
+        features, eagle_features = judge_features(samples), judge_features(eagle)
+        out["fid"] = bootstrap_interval(len(features), lambda i: quality.fid(features[i])
+                                        - quality.fid(eagle_features[i]), resamples=FID_RESAMPLES, seed=seed)
+    return out
+
+
+def quality_summary(samples: list[dict], bundle: Bundle) -> dict:
+    """Class consistency and FID of all the images: from the judge's per-image outputs when recorded (the same
+    numbers the intervals start from), else from ``bundle.quality`` on the decoded images."""
+    if "judge_features" in samples[0]:
+        out = {"judge_accuracy": float(np.mean(column(samples, "judge_correct"))), "fid_images": len(samples)}
+        if len(samples) >= 2:
+            out["fid"] = bundle.quality.fid(judge_features(samples))
+        return out
+    if bundle.quality is None:
+        return {}
+    return bundle.quality([bundle.image(s["tokens"]) for s in samples], [s["class_id"] for s in samples])
+
+
+def summarise(configuration: Configuration, samples: list[dict], timings: list[dict], ar_timings: list[dict],
+              bundle: Bundle, keep_images: bool) -> dict:
+    """One configuration's record: quality from its samples (every image), speed from its timings (the timed
+    images, paired with AR's on the same images)."""
+    latency, ar_latency = list(column(timings, "latency_s")), list(column(ar_timings, "latency_s"))
+    rounds = sum(t["target_forwards"] for t in timings)
+    phase = {k: sum(t["seconds"][k] for t in timings) for k in PHASES}
     record = {
-        "method": name, "params": params, "label": method_label(name, params),
-        "draft": draft if RULES[name].drafts else "none",
-        "tau": float(np.mean([s.tau for s in stats])),
-        "target_forwards_per_image": float(np.mean([s.target_forwards for s in stats])),
-        "drafter_forwards_per_image": float(np.mean([s.drafter_forwards for s in stats])),
+        "method": configuration.name, "params": configuration.params, "label": configuration.label,
+        "draft": configuration.draft,
+        "tau": float(np.mean(column(samples, "tau"))),
+        "target_forwards_per_image": float(np.mean(column(samples, "target_forwards"))),
+        "drafter_forwards_per_image": float(np.mean(column(samples, "drafter_forwards"))),
         "latency_median_s": statistics.median(latency), "latency_mean_s": float(np.mean(latency)),
         "latency_iqr_s": quartiles(latency),
         "speedup_vs_ar": statistics.median(ar_latency) / statistics.median(latency),
         # the spread of the paired per-image ratios (same class and seed, measured moments apart)
         "speedup_vs_ar_iqr": quartiles([a / m for a, m in zip(ar_latency, latency)]),
-        "relaxation_cost_mean": float(np.mean([s.relaxation_cost for s in stats])),
+        "relaxation_cost_mean": float(np.mean(column(samples, "relaxation_cost"))),
         # the target's own log-likelihood of the images, nats per token (coolsd.core.likelihood): lossless
         # methods estimate the target's negative entropy rate; relaxation moves it
-        "log_likelihood_per_token": float(np.mean(loglik)),
-        "seconds_per_image": {k: v / len(stats) for k, v in phase.items()},
+        "log_likelihood_per_token": float(np.mean(column(samples, "log_likelihood_per_token"))),
+        "seconds_per_image": {k: v / len(timings) for k, v in phase.items()},
         # the verification logic (sampling transform + acceptance walk) per round, relative to a target forward
         "acceptance_vs_target_forward": phase["acceptance"] / phase["target_forward"],
         "acceptance_ms_per_round": 1000 * phase["acceptance"] / rounds,
         "target_forward_ms_per_round": 1000 * phase["target_forward"] / rounds,
+        "images": len(samples), "latency_images": len(timings),
     }
-    if bundle.quality is not None:
-        record.update(bundle.quality([bundle.image(g.tokens) for g in gens], [s.class_id for s in stats]))
+    record.update(quality_summary(samples, bundle))
     if keep_images:
-        record["tokens"] = [g.tokens for g in gens]
+        record["tokens"] = [s["tokens"] for s in samples]
     return record
 
 
+CSV_COLUMNS = ("label", "method", "params", "draft", "images", "latency_images", "tau", "speedup_vs_ar",
+               "log_likelihood_per_token", "fid", "judge_accuracy")
+DIFFERENCES = ("tau", "speedup_vs_ar", "log_likelihood_per_token", "fid", "judge_accuracy")
+
+
+def csv_rows(result: dict) -> list[dict]:
+    """One row per configuration: its numbers, then each difference from Eagle-1 with its interval (blank where
+    not measured: no judge, no Eagle-1)."""
+    rows = []
+    for run in result["runs"]:
+        row = {key: run.get(key, "") for key in CSV_COLUMNS}
+        row["params"] = ",".join(f"{key}={value}" for key, value in run["params"].items())
+        for key in DIFFERENCES:
+            difference = run.get("vs_eagle", {}).get(key, {})
+            row.update({f"vs_eagle_{key}": difference.get("value", ""),
+                        f"vs_eagle_{key}_low": difference.get("low", ""),
+                        f"vs_eagle_{key}_high": difference.get("high", "")})
+        rows.append(row)
+    return rows
+
+
+def write_csv(result: dict, path: Path) -> None:
+    rows = csv_rows(result)
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def check_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Every option of ``bench``, before the model loads: the output file, the counts, the model options and
-    every method spec (each one's rule is built once); ``methods`` becomes the list of specs to run."""
+    """Every option of ``bench``, before the model loads: the output files, the work folder, the counts, the
+    model options and every configuration (each one's rule is built once). Adds ``shard`` (this process under
+    torchrun) and ``study`` (the configurations to run, and what a preset offered that the rule refuses)."""
     check_output(args.out, "--out")
+    check_output(args.csv, "--csv", (".csv",))
+    check_work(args.work)
     args.images = (PROFILE_IMAGES if args.profile else IMAGES).check(args.images)
+    if args.latency_images is not None and not args.profile:
+        args.latency_images = Param("latency_images", 1, args.images, args.images, 1, "timed images per configuration",
+                                    integer=True).check(args.latency_images)
     args.warmup = WARMUP.check(args.warmup)
     args.repeats = REPEATS.check(args.repeats)
+    args.shard = shard_from_environment()
+    if args.profile and args.shard.world > 1:
+        raise ValueError("--profile times the parts of a round in one process; run it without torchrun")
     check_model_args(args)
-    labels = []
-    for spec in args.methods:
-        name, params = parse_method(spec)
-        check_rule(name, params, (args.tree if RULES[name].drafts else EMPTY).depth, args.info.config.vocab_size)
-        if method_label(name, params) in labels:
-            raise ValueError(f"method {method_label(name, params)} is listed twice")
-        labels.append(method_label(name, params))
+    args.device = shard_device(args.device, args.shard)
+    check_device(args.device)
+    methods = args.methods if args.methods is not None else ([] if args.preset else DEFAULT_METHODS)
+    configurations, skipped = plan(methods, args.preset, args.draft, usable_depth(args.info.config.image_tokens),
+                                   args.info.config.vocab_size)
+    args.study = Study(tuple(configurations), args.images, args.seed, args.latency_images, args.repeats, args.warmup,
+                       tuple(skipped))
     return args
 
 
+def work_arguments(args: argparse.Namespace) -> dict:
+    """What the records in a ``--work`` folder depend on. Not the outputs, the progress bar, the warm-up, the
+    threads or the number of processes: the samples are the same whatever those are (a timed image whose
+    tokens differ from its recorded sample is refused as not deterministic)."""
+    return {"model": args.model, "random_init": args.random_init, "device": pick_device(args.device).type,
+            "steps": args.steps, "sampling": args.overrides, "seed": args.seed, "images": args.images,
+            "latency_images": args.study.timed_images, "repeats": args.repeats,
+            "configurations": [[c.label, c.draft] for c in args.study.configurations]}
+
+
 def format_table(result: dict) -> str:
-    """A header line (model, device, threads, sample sizes) and one row per method."""
+    """A header line (model, device, threads, sample sizes) and one row per configuration."""
     threads = result["threads"]
-    lines = [f"{result['model']} on {result['device']} ({result['dtype']}), {threads} torch thread"
-             f"{'s' if threads != 1 else ''}, {result['images']} images x {len(result['runs'])} methods, "
-             f"{result['repeats']} timing(s) each, draft {result['draft']}"]
+    timed = result.get("latency_images", result["images"])
+    timed_note = f" ({timed} timed)" if timed != result["images"] else ""
+    lines = [(f"{result['model']} on {result['device']} ({result['dtype']}), {threads} torch thread"
+              f"{'s' if threads != 1 else ''}, {result['images']} images x {len(result['runs'])} configurations"
+              f"{timed_note}, {result['repeats']} timing(s) each, draft {result['draft']}")]
     header = ["label", "tau", "fwd/img", "latency ms", "latency IQR ms", "speed-up", "speed-up IQR",
               "accept/fwd", "loglik/token", "judge acc", "fid"]
     rows = [header]
     for run in result["runs"]:
         low, high = run["latency_iqr_s"]
         speed_low, speed_high = run["speedup_vs_ar_iqr"]
-        rows.append([run["label"][:40], f"{run['tau']:.3f}", f"{run['target_forwards_per_image']:.1f}",
+        rows.append([run["label"][:60], f"{run['tau']:.3f}", f"{run['target_forwards_per_image']:.1f}",
                      f"{1000 * run['latency_median_s']:.1f}", f"{1000 * low:.1f}-{1000 * high:.1f}",
                      f"{run['speedup_vs_ar']:.2f}x", f"{speed_low:.2f}-{speed_high:.2f}x",
                      f"{run['acceptance_vs_target_forward']:.3f}", f"{run['log_likelihood_per_token']:.4f}",
@@ -252,12 +480,26 @@ def format_table(result: dict) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m coolsd.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", nargs="+", default=["ar", "eagle", "cool:delta=2"])
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help=f"method specs on --draft (default without --preset: {' '.join(DEFAULT_METHODS)})")
+    parser.add_argument("--preset", action="append", choices=PRESETS, default=[],
+                        help="a named sweep (repeatable, and combinable with --methods; grids in coolsd.cli.methods."
+                             "SWEEPS): cool, uniform and lantern run on --draft (add --methods eagle for the "
+                             "differences from Eagle-1); paper runs Eagle-1 and all three on chain:5 and tree:eagle25")
     parser.add_argument("--images", default=str(IMAGES.default))
+    parser.add_argument("--latency-images", default=None, metavar="M",
+                        help="time images 0..M-1 only (default: every image); under torchrun rank 0 times them alone "
+                             "after the sharded pass")
     parser.add_argument("--warmup", default=str(WARMUP.default))
     parser.add_argument("--repeats", default=str(REPEATS.default),
-                        help="timings per (image, method), interleaved across methods; the median counts")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file for the results")
+                        help="timings per (image, configuration), interleaved across configurations; the median counts")
+    parser.add_argument("--work", type=Path, default=None, metavar="DIR",
+                        help="folder for the records: each (configuration, image) is appended as soon as it is done, "
+                             "and a rerun with the same arguments continues from them")
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE", help="JSON file for the results")
+    parser.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                        help="CSV file: one row per configuration, with its differences from Eagle-1 and their "
+                             "intervals")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="time the parts of a round (AR step, verification of chain:5, tree:eagle25, tree:wide57, "
@@ -289,19 +531,36 @@ def profile_parts(args: argparse.Namespace, bundle: Bundle) -> int:
     return 0
 
 
-def benchmark(argv: list[str] | None) -> int:
-    """Check every option and method spec, load the model, run, write the JSON, print warnings and the table."""
-    args = check_args(build_parser().parse_args(argv))
-    bundle = load_model(args)
-    if args.profile:
-        return profile_parts(args, bundle)
-    result = run_benchmark(bundle, args.methods, args.images, args.tree, sampling_from(args.overrides, bundle),
-                           args.seed, args.warmup, not args.no_progress, repeats=args.repeats)
+def report(result: dict, args: argparse.Namespace) -> None:
+    """Write the JSON and CSV, and print what a preset skipped, the warnings and the table."""
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.csv:
+        write_csv(result, args.csv)
+    for skipped in result["skipped"]:
+        print(f"skipped {skipped['label']} on {skipped['draft']}: {skipped['reason']}", file=sys.stderr)
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     print(format_table(result))
+
+
+def benchmark(argv: list[str] | None) -> int:
+    """Check every option and configuration, open the work folder, load the model, run (on this process's share
+    under torchrun), and on rank 0 write the outputs and print the table."""
+    args = check_args(build_parser().parse_args(argv))
+    shard, study = args.shard, args.study
+    open_work(args.work, work_arguments(args), shard.rank)
+    bundle = load_model(args)
+    if args.profile:
+        return profile_parts(args, bundle)
+    join(shard, bundle.device)
+    if shard.world > 1 and shard.rank == 0 and study.timed_images == study.images:
+        print(f"note: rank 0 times all {study.images} images alone after the sharded pass; --latency-images "
+              "below --images shortens that pass", file=sys.stderr)
+    result = run_benchmark(bundle, study, sampling_from(args.overrides, bundle), Records(args.work, shard.rank),
+                           shard, progress=not args.no_progress and shard.rank == 0)
+    if result is not None:
+        report(result, args)
     return 0
 
 

@@ -55,3 +55,25 @@ def check_rule(name: str, params: dict, depth: int, vocab_size: int) -> None:
 def method_label(name: str, params: dict) -> str:
     """Inverse of :func:`parse_method`, for tables and legends."""
     return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+
+
+# Named sweeps for ``bench --preset``: method specs, each checked like a typed one. LANTERN++'s lambda grid runs
+# from a mild relaxation (1.5) through 2 to the app's default 5; k from one neighbour to 20.
+SWEEPS: dict[str, list[str]] = {
+    "cool": [f"cool:delta={delta},nu={nu},schedule={schedule}" for delta in (1.1, 1.5, 2, 3, 4)
+             for nu in (0.7, 0.3) for schedule in ("exp", "linear")],
+    "uniform": [f"uniform:delta={delta}" for delta in (1.1, 1.5, 2, 3, 4)],
+    "lantern": [f"lantern:k={k},lambda={lam},residual={residual}" for k in (1, 5, 10, 20) for lam in (1.5, 2, 5)
+                for residual in ("lantern", "gstar")],
+}
+PAPER_DRAFTS = ("chain:5", "tree:eagle25")  # the paper's comparison: every sweep and Eagle-1 on both drafts
+PRESETS = (*SWEEPS, "paper")
+
+
+def preset_methods(preset: str, draft: str) -> list[tuple[str, str]]:
+    """(method spec, draft spec) pairs of a preset: a sweep runs on ``draft``; ``paper`` is Eagle-1 and every
+    sweep on each of :data:`PAPER_DRAFTS` (AR, which drafts nothing, is added once by the benchmark)."""
+    if preset == "paper":
+        return [(spec, paper_draft) for paper_draft in PAPER_DRAFTS
+                for spec in ["eagle", *(spec for sweep in SWEEPS.values() for spec in sweep)]]
+    return [(spec, draft) for spec in SWEEPS[preset]]

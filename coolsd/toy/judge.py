@@ -2,10 +2,13 @@
 
 Class consistency = share of samples the judge puts in the class they were generated for. FID is
 torchmetrics' Frechet distance in the judge's 128-d feature space against the shipped test-set statistics.
+Per image, the judge gives its features and whether it agrees with the requested class; the benchmark
+resamples those for paired bootstrap intervals, with :func:`coolsd.core.stats.frechet_distance` as the FID.
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,8 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
+
+from ..core.stats import frechet_distance, symmetric_sqrt
 
 REFERENCE_KEYS = ("real_features_sum", "real_features_cov_sum", "real_features_num_samples")
 
@@ -89,6 +94,14 @@ def fid_to_reference(judge: Judge, images: Tensor) -> float:
     return float(fid.compute())
 
 
+def reference_moments(reference: dict[str, Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and unbiased covariance of the real images' features from the stored sums (torchmetrics' formulas)."""
+    count = float(reference["real_features_num_samples"])
+    mean = reference["real_features_sum"].double().numpy() / count
+    scatter = reference["real_features_cov_sum"].double().numpy() - count * np.outer(mean, mean)
+    return mean, scatter / (count - 1)
+
+
 def grey(images: list[np.ndarray]) -> Tensor:
     """Decoded pictures (H, W, 3) or (H, W) -> a uint8 batch (N, H, W) of the grey images the judge reads."""
     return torch.from_numpy(np.stack([image[..., 0] if image.ndim == 3 else image for image in images]))
@@ -113,6 +126,23 @@ class JudgeQuality:
 
     def __call__(self, images: list[np.ndarray], classes: list[int]) -> dict:
         return judge_metrics(self.judge, images, classes)
+
+    @torch.no_grad()
+    def per_image(self, images: list[np.ndarray], classes: list[int]) -> dict[str, np.ndarray]:
+        """Each image's judge features (N, 128) float32 and whether the judge's class is the requested one (N,):
+        what a paired bootstrap of FID and class consistency resamples."""
+        features = self.judge.eval().features(grey(images))
+        predicted = self.judge.head(features).argmax(-1).cpu()
+        return {"features": features.cpu().numpy(), "correct": (predicted == torch.tensor(classes)).numpy()}
+
+    @cached_property
+    def _reference(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        mean, cov = reference_moments(self.judge.reference)
+        return mean, cov, symmetric_sqrt(cov)
+
+    def fid(self, features: np.ndarray) -> float:
+        """FID of feature rows (from :meth:`per_image`) against the shipped test-set statistics."""
+        return frechet_distance(features, *self._reference)
 
 
 def save_judge(judge: Judge, reference: dict[str, Tensor], path: Path) -> None:
