@@ -103,8 +103,8 @@ class DraftTree:
         if key not in self._tensors:
             levels = [{k: index_tensor(v, device) if isinstance(v, list) else v for k, v in lvl.items()}
                       for lvl in self.level_draws]
-            self._tensors[key] = {"depths": index_tensor(list(self.depths), device),
-                                  "inner": index_tensor(list(self.inner_nodes), device),
+            self._tensors[key] = {"depths": index_tensor(self.depths, device),
+                                  "inner": index_tensor(self.inner_nodes, device),
                                   "mask": to_device(self.ancestor_mask, device), "levels": levels}
         return self._tensors[key]
 
