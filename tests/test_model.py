@@ -103,6 +103,50 @@ def test_drafter_tree_matches_uncached_drafter():
             assert valid[node]
 
 
+@pytest.mark.parametrize("spec", ["chain:5", "tree:eagle25", "tree:wide57"])
+def test_level_indices_stand_for_their_lists(spec):
+    """The loop's per-level indices (slices where they are runs) select exactly the listed rows, and only a
+    chain's levels skip the drafter's mask: one node whose ancestors are every earlier node."""
+    tree = parse_draft(spec)
+    rows = torch.arange(1000)
+    for depth, (listed, level) in enumerate(zip(tree.level_draws, tree.tensors(torch.device("cpu"))["levels"]), 1):
+        for key in ("parents", "distinct", "drawn"):
+            assert rows[level[key]].tolist() == listed[key]
+        earlier = range(1, tree.levels[depth].start)
+        node = tree.levels[depth].start
+        expected = len(tree.levels[depth]) == 1 and all(node in descendants(tree, e) for e in earlier)
+        assert level["sees_all"] == expected
+    assert all(level["sees_all"] for level in tree.level_draws) == spec.startswith("chain")
+
+
+def descendants(tree: DraftTree, node: int) -> set[int]:
+    out, todo = set(), [node]
+    while todo:
+        for child in tree.children[todo.pop()]:
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def test_drafted_siblings_are_distinct_draws_of_their_parents_distribution():
+    """Each node's token comes from its own parent's draws, in rank order: siblings never repeat a token, and
+    every token has nonzero draft probability under its parent (a node reading another parent's draws or
+    another rank breaks one or the other on this peaky model)."""
+    bundle = peaky_bundle(CFG, std=0.3)
+    sampling = SamplingConfig(cfg_scale=2.0, top_k=3)
+    tree = parse_draft("tree:eagle25").truncated(3)
+    for seed in range(5):
+        cache = bundle.drafter.new_cache(2, 32)
+        features = torch.randn(2, 2, CFG.dim, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            tokens, valid, q, _ = draft(bundle.drafter, bundle.target, cache, tree, State([], [3, 7], features),
+                                        sampling, torch.Generator().manual_seed(seed))
+        for parent, children in enumerate(tree.children):
+            drawn = [int(tokens[c]) for c in children if valid[c]]
+            assert len(set(drawn)) == len(drawn)
+            assert all(q[parent, token] > 0 for token in drawn)
+
+
 def test_llamagen_shapes():
     """Our B config has LlamaGen-B's parameter count (111M) and key names."""
     with torch.device("meta"):

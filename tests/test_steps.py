@@ -28,6 +28,7 @@ from coolsd.core.rules import AR, CoolSD, Eagle, build_rule
 from coolsd.core.trees import DraftTree, parse_draft
 from coolsd.models import steps as steps_module
 from coolsd.models.bundle import load_bundle, random_bundle
+from coolsd.models.gpt import KVCache
 from coolsd.models.steps import StaticKVCache, Steps, with_steps
 
 RULES = {"ar": AR(), "eagle": Eagle(), "cool": CoolSD(delta=2.0, depth=5)}
@@ -64,6 +65,19 @@ def test_static_mask_is_the_definition(length, width, count):
     want = spec_mask(length, width, count, pending if width > 1 else torch.ones(1, 1, dtype=torch.bool),
                      cache.valid, max_len)
     assert torch.equal(got.expand_as(want), want)
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_a_single_position_without_a_pending_mask_sees_the_whole_pending_area(offset):
+    """No pending mask (a chain level's drafter forward, written at ``offset``) means an all-True one over
+    ``offset + 1`` pending slots, in both caches, padding still hidden."""
+    generator = torch.Generator().manual_seed(offset)
+    for cache in (KVCache(1, 2, 1, 4, 16, torch.device("cpu"), torch.float32),
+                  StaticKVCache(1, 2, 1, 4, 16, torch.device("cpu"), torch.float32)):
+        cache.commit(list(range(5)))
+        cache.valid = torch.rand(2, 16, generator=generator) > 0.3
+        want = cache.attention_mask(torch.ones(1, offset + 1, dtype=torch.bool), 1)
+        assert torch.equal(cache.attention_mask(None, 1, offset), want)
 
 
 CASES = [("ar", "chain:5"), ("eagle", "chain:5"), ("eagle", "tree:eagle25"), ("cool", "tree:eagle25")]

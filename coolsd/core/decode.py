@@ -59,7 +59,7 @@ def draft(drafter: Drafter, target: Target, cache, tree: DraftTree, state: State
           generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Catch the drafter up on the pending (input, target feature) pairs, then draft the tree depth by depth
     from its own predicted features. Returns, per node 0..M (0 = root): tokens, validity, the draft
-    distribution its children were drawn from (M+1, V; zero at leaves) and its predicted feature (left unset
+    distribution its children were drawn from (M+1, V; unset at leaves) and its predicted feature (left unset
     at the deepest level, which is never fed back)."""
     pending = state.pending_features
     device, rows = pending.device, pending.shape[0]
@@ -76,18 +76,18 @@ def draft(drafter: Drafter, target: Target, cache, tree: DraftTree, state: State
     features[:, 0] = out[:, -1]
     tokens = torch.zeros(tree.size + 1, dtype=torch.long, device=device)
     valid = torch.ones(tree.size + 1, dtype=torch.bool, device=device)
-    q = torch.zeros(tree.size + 1, target.vocab_size, device=device)
+    q = torch.empty(tree.size + 1, target.vocab_size, device=device)  # only inner rows are written and read
     for depth, level in enumerate(index["levels"], start=1):
         nodes = tree.levels[depth]
         q_level = probabilities(target.logits(features[:, level["distinct"]]), sampling)
         q[level["distinct"]] = q_level
         drawn, drawn_valid = draw_without_replacement(q_level, level["width"], generator)
-        tokens[nodes.start:nodes.stop] = drawn[level["slot"], level["rank"]]
-        valid[nodes.start:nodes.stop] = drawn_valid[level["slot"], level["rank"]] & valid[level["parents"]]
+        tokens[nodes.start:nodes.stop] = drawn.flatten()[level["drawn"]]
+        valid[nodes.start:nodes.stop] = drawn_valid.flatten()[level["drawn"]] & valid[level["parents"]]
         if depth < tree.depth:
             embeds = drafter.embed(tokens[nodes.start:nodes.stop])[None].expand(rows, -1, -1)
             positions = torch.full((len(nodes),), start + count + depth - 1, device=device)
-            mask = index["mask"][nodes.start:nodes.stop, 1:nodes.stop]
+            mask = None if level["sees_all"] else index["mask"][nodes.start:nodes.stop, 1:nodes.stop]
             features[:, nodes.start:nodes.stop] = drafter(embeds, features[:, level["parents"]], positions, cache,
                                                           nodes.start - 1, mask)
     return tokens, valid, q, features

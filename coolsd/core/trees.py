@@ -83,28 +83,41 @@ class DraftTree:
             mask[node] |= mask[self.parent[node]]
         return mask
 
+    def ancestors(self, node: int) -> list[int]:
+        """The drafted nodes above ``node`` (the root not counted), top down."""
+        path = []
+        while self.parent[node] > 0:
+            node = self.parent[node]
+            path.insert(0, node)
+        return path
+
     @cached_property
     def level_draws(self) -> list[dict]:
         """Per depth d>=1, how its nodes get their tokens: the distinct parents (each drafts ``width``
-        tokens without replacement), and each node's parent, parent slot and child rank."""
+        tokens without replacement, one row of draws each), each node's parent and its place ``drawn`` in the
+        flattened (parent, rank) draws; ``sees_all``: the level is one node whose ancestors are the whole
+        pending area (a chain), so its drafter forward needs no mask."""
         out = []
         for d in range(1, self.depth + 1):
             nodes = list(self.levels[d])
             parents = [self.parent[n] for n in nodes]
             distinct = sorted(set(parents))
             ranks = [self.paths[n - 1][-1] for n in nodes]
-            out.append({"parents": parents, "distinct": distinct, "slot": [distinct.index(p) for p in parents],
-                        "rank": ranks, "width": max(ranks) + 1})
+            width = max(ranks) + 1
+            sees_all = len(nodes) == 1 and self.ancestors(nodes[0]) == list(range(1, nodes[0]))
+            out.append({"parents": parents, "distinct": distinct, "width": width, "sees_all": sees_all,
+                        "drawn": [distinct.index(p) * width + r for p, r in zip(parents, ranks)]})
         return out
 
     def tensors(self, device: torch.device) -> dict:
-        """The index tensors the decoding loop needs, built once per device."""
+        """The indices the decoding loop needs, built once per device: a slice where the indices are a run
+        (every chain index, many of a tree's), which costs no index kernel and no copy, else a tensor."""
         key = str(device)
         if key not in self._tensors:
-            levels = [{k: index_tensor(v, device) if isinstance(v, list) else v for k, v in lvl.items()}
+            levels = [{k: run_or_tensor(v, device) if isinstance(v, list) else v for k, v in lvl.items()}
                       for lvl in self.level_draws]
             self._tensors[key] = {"depths": index_tensor(self.depths, device),
-                                  "inner": index_tensor(self.inner_nodes, device),
+                                  "inner": run_or_tensor(self.inner_nodes, device),
                                   "mask": to_device(self.ancestor_mask, device), "levels": levels}
         return self._tensors[key]
 
@@ -116,6 +129,14 @@ class DraftTree:
             self._truncated[max_depth] = DraftTree(tuple(p for p in self.paths if len(p) <= max_depth),
                                                    f"{self.name}@{max_depth}")
         return self._truncated[max_depth]
+
+
+def run_or_tensor(values: list[int], device: torch.device) -> "slice | torch.Tensor":
+    """``values`` as a slice when they are consecutive and increasing (indexing by it gives the same rows as
+    the index tensor, as a view), else as an index tensor on ``device``."""
+    if values and values == list(range(values[0], values[0] + len(values))):
+        return slice(values[0], values[0] + len(values))
+    return index_tensor(values, device)
 
 
 def chain(length: int) -> DraftTree:

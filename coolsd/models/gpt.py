@@ -111,15 +111,15 @@ class KVCache:
         self.values[layer, :, :, start:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
-    def attention_mask(self, pending_mask: Tensor | None, length: int) -> Tensor | None:
-        """What ``length`` new positions see: every committed entry, plus ``pending_mask`` (length, offset +
-        length) over the pending area (None = a single new position, which sees everything), then padding
-        hidden (:func:`hide_invalid_keys`). None where SDPA needs no mask."""
+    def attention_mask(self, pending_mask: Tensor | None, length: int, offset: int = 0) -> Tensor | None:
+        """What ``length`` new positions, written at ``offset`` in the pending area, see: every committed entry,
+        plus ``pending_mask`` (length, offset + length) over the pending area (None = a single new position,
+        which sees everything), then padding hidden (:func:`hide_invalid_keys`). None where SDPA needs no mask."""
         if pending_mask is None and self.valid is None:
             return None
         device = self.keys.device
         if pending_mask is None:
-            pending_mask = torch.ones(length, length, dtype=torch.bool, device=device)
+            pending_mask = torch.ones(length, offset + length, dtype=torch.bool, device=device)
         committed = torch.ones(length, self.length, dtype=torch.bool, device=device)
         mask = torch.cat([committed, pending_mask], dim=1)
         return mask if self.valid is None else hide_invalid_keys(mask, self.valid, length)
@@ -191,17 +191,25 @@ class TransformerBlock(nn.Module):
 
 
 def attention_mask(cache: KVCache | None, pending_mask: Tensor | None, length: int,
-                   valid: Tensor | None = None) -> Tensor | None:
+                   valid: Tensor | None = None, offset: int = 0) -> Tensor | None:
     """Boolean attention mask for ``length`` new positions, or None where SDPA needs none.
 
     With a cache, the cache builds it (:meth:`KVCache.attention_mask`). Without one: causal over the new
     positions, with keys marked invalid in ``valid`` hidden as below.
     """
     if cache is not None:
-        return cache.attention_mask(pending_mask, length)
+        return cache.attention_mask(pending_mask, length, offset)
     if valid is None:
         return None
     return hide_invalid_keys(torch.ones(length, length, dtype=torch.bool, device=valid.device).tril(), valid, length)
+
+
+def additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """A boolean mask in SDPA's additive form (0 where a key is seen, -inf where hidden), built once per
+    forward: given the boolean mask, SDPA converts it again in every layer (the scores are the same)."""
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def hide_invalid_keys(mask: Tensor, key_valid: Tensor, length: int) -> Tensor:
@@ -312,7 +320,7 @@ class Transformer(nn.Module):
         if cache is not None and valid is not None:
             cache.mark_valid(valid, offset)
         rope = self.rope(positions)
-        full_mask = attention_mask(cache, mask, x.shape[1], valid)
+        full_mask = additive(attention_mask(cache, mask, x.shape[1], valid, offset), x.dtype)
         for layer, block in enumerate(self.layers):
             x = block(x, rope, cache, layer, offset, full_mask)
         return self.norm(x)

@@ -226,7 +226,7 @@ class LanternDrafter(nn.Module):
         entry plus ``mask`` over the pending area (None: a single slot, which sees everything)."""
         x = self.fc(torch.cat([inputs.to(features.dtype), features], dim=-1))
         rope = self.rope(positions)
-        full_mask = attention_mask(cache, mask, x.shape[1]) if cache is not None else mask
+        full_mask = attention_mask(cache, mask, x.shape[1], offset=offset) if cache is not None else mask
         for layer in self.layers:
             x = layer(x, rope, cache, offset, full_mask)
         return x

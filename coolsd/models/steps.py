@@ -64,10 +64,10 @@ class StaticKVCache(KVCache):
         self.values[layer].index_copy_(2, slots, v)
         return self.keys[layer], self.values[layer]
 
-    def attention_mask(self, pending_mask: Tensor | None, length: int) -> Tensor:
+    def attention_mask(self, pending_mask: Tensor | None, length: int, offset: int = 0) -> Tensor:
         """The same visibility as :meth:`KVCache.attention_mask`, over all ``max_len`` keys: committed keys,
         ``pending_mask`` placed at the pending area, valid keys only, and each new position's own slot."""
-        width = length if pending_mask is None else pending_mask.shape[1]
+        width = offset + length if pending_mask is None else pending_mask.shape[1]
         relative = self.key_index - self.start  # key slot relative to the pending area's start
         inside = (relative >= 0) & (relative < width)
         if pending_mask is None:
