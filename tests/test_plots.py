@@ -182,3 +182,60 @@ def test_display_names_match_the_app():
     assert (plots.family_name(run), plots.point_label(run)) == ("COOL-SD (ν=0.3, linear)", "δ=2")
     assert plots.family(run) == "cool (nu=0.3, schedule=linear)"  # the internal series key is unchanged
 
+
+
+def study_result() -> dict:
+    """A hand-made two-draft study: Eagle-1, two COOL-SD points and one LANTERN++ point per draft, each with
+    its difference from Eagle-1 and interval, and per-depth acceptance."""
+    def run(method, params, draft, tau, value, low, high, accept):
+        return {"method": method, "params": params, "draft": draft, "label": f"{method}{params}", "tau": tau,
+                "speedup_vs_ar": tau / 2, "vs_eagle": {"log_likelihood_per_token":
+                                                       {"value": value, "low": low, "high": high}},
+                "per_depth": {"depth": [1, 2, 3], "reached": [10, 8, 6], "accept_prob": accept}}
+    runs = [{"method": "ar", "params": {}, "draft": "none", "label": "ar", "tau": 1.0, "speedup_vs_ar": 1.0,
+             "per_depth": {"depth": [], "reached": [], "accept_prob": []}}]
+    for shift, draft in ((0.0, "chain:5"), (0.5, "tree:eagle25")):
+        runs += [run("eagle", {}, draft, 2.9 + shift, 0.0, 0.0, 0.0, [0.6, 0.5, 0.4]),
+                 run("cool", {"delta": 1.5, "nu": 0.7, "schedule": "exp"}, draft, 3.3 + shift, -0.02, -0.05, 0.01,
+                     [0.65, 0.6, 0.5]),
+                 run("cool", {"delta": 2, "nu": 0.7, "schedule": "exp"}, draft, 3.8 + shift, -0.1, -0.14, -0.06,
+                     [0.7, 0.65, 0.6 + shift / 10]),
+                 run("lantern", {"k": 10, "lambda": 5, "residual": "gstar"}, draft, 3.5 + shift, -0.2, -0.3, -0.1,
+                     [0.68, 0.6, 0.55])]
+    return {"images": 1000, "latency_images": 200, "drafts": ["chain:5", "tree:eagle25"], "runs": runs}
+
+
+def test_study_quality_draws_each_difference_with_its_interval_per_draft():
+    result = study_result()
+    fig = plots.study_quality(result)
+    FigureCanvasAgg(fig).draw()
+    assert [ax.get_title() for ax in fig.axes] == ["chain:5", "tree:eagle25"]
+    assert not [text for text in texts(fig) if INTERNAL.search(text)]
+    for ax, draft in zip(fig.axes, result["drafts"]):
+        cool = [r for r in result["runs"] if r["draft"] == draft and r["method"] == "cool"]
+        (line,) = [c for c in ax.containers if c.get_label() == "COOL-SD (ν=0.7, exp)"]
+        assert list(line.lines[0].get_xdata()) == [r["tau"] for r in cool]
+        assert list(line.lines[0].get_ydata()) == [r["vs_eagle"]["log_likelihood_per_token"]["value"] for r in cool]
+        bars = line.lines[2][0].get_segments()  # one vertical segment per point: (x, low) to (x, high)
+        want = [(r["vs_eagle"]["log_likelihood_per_token"]["low"], r["vs_eagle"]["log_likelihood_per_token"]["high"])
+                for r in cool]
+        assert [(round(s[0][1], 9), round(s[1][1], 9)) for s in bars] == want
+    legend = {t.get_text() for legend in fig.legends for t in legend.get_texts()}
+    assert legend == {"Eagle-1 (lossless)", "COOL-SD (ν=0.7, exp)", "LANTERN++ with G*"}
+
+
+def test_study_acceptance_shows_each_familys_named_point():
+    result = study_result()
+    fig = plots.study_acceptance(result)
+    chain, tree = fig.axes
+    cool = {line.get_label(): list(line.get_ydata()) for line in tree.get_lines()}
+    assert cool["COOL-SD (ν=0.7, exp), δ=2"] == [0.7, 0.65, 0.65]  # delta=2 is the named point, not the first or the last
+    assert cool["Eagle-1 (lossless)"] == [0.6, 0.5, 0.4]
+    assert chain.get_ylim()[0] == 0
+
+
+def test_tradeoff_keeps_two_drafts_apart():
+    runs = [dict(r, fid=1.0 + r["tau"]) for r in study_result()["runs"]]
+    fig = plots.tradeoff(runs, None, y_key="fid", images=1000)
+    legend = {t.get_text() for legend in fig.legends for t in legend.get_texts()}
+    assert {"COOL-SD (ν=0.7, exp) · chain:5", "COOL-SD (ν=0.7, exp) · tree:eagle25", "AR (no drafting)"} <= legend

@@ -184,3 +184,36 @@ def test_the_log_likelihood_runs_under_every_step_mode(tmp_path):
         results.append(json.loads(out.read_text())["runs"])
     for eager, static in zip(*results):
         assert static["log_likelihood_per_token"] == pytest.approx(eager["log_likelihood_per_token"], abs=1e-4)
+
+
+def test_acceptance_per_position_pools_every_round_of_every_image(tmp_path):
+    """The per-position curve of a run: for each depth, the rounds of all its images that reached it and their
+    mean acceptance probability, recomputed here from direct generations (image i: class i mod C, seed i); and
+    --plots writes the study's figures."""
+    from coolsd.core.decode import generate
+    from coolsd.core.rules import build_rule
+    from coolsd.core.trees import parse_draft
+
+    out, images = tmp_path / "depths.json", 6
+    assert bench.main(["--methods", "eagle", "cool:delta=2", "--draft", "chain:3", "--images", str(images),
+                       "--out", str(out), "--plots", str(tmp_path / "figures")] + TINY) == 0
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [
+        "acceptance.png", "quality_log_likelihood_per_token.png", "speedup.png"]
+    model = random_bundle("tiny")
+    for run in json.loads(out.read_text())["runs"]:
+        reached, total = np.zeros(3), np.zeros(3)
+        if run["method"] != "ar":
+            for i in range(images):
+                stats = generate(model, i % model.config.num_classes, build_rule(run["method"], run["params"], 3),
+                                 parse_draft("chain:3"), seed=i).stats
+                for r in stats.rounds:
+                    for depth, prob in r.level_accept_prob.items():
+                        reached[depth - 1] += 1
+                        total[depth - 1] += prob
+        depths = run["per_depth"]
+        if run["method"] == "ar":
+            assert depths == {"depth": [], "reached": [], "accept_prob": []}
+            continue
+        assert depths["depth"] == [1, 2, 3] and depths["reached"] == reached.astype(int).tolist()
+        assert reached[0] > reached[2] > 0
+        np.testing.assert_allclose(depths["accept_prob"], total / reached, rtol=1e-12)

@@ -347,9 +347,11 @@ def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str =
     with its relaxation strength. ``images`` (default: the runs' ``fid_images``) sets the FID noise note."""
     fig, (ax,) = _figure(WIDE, 4.4)
     families: dict[str, list[dict]] = {}
+    several_drafts = len({run["draft"] for run in runs if run["method"] != "ar"}) > 1
     for run in runs:
-        if run.get(y_key) is not None:
-            families.setdefault(family_name(run), []).append(run)
+        if run.get(y_key) is not None:  # a study's drafts are separate series: one point per (family, draft)
+            name = family_name(run) + (f" · {run['draft']}" if several_drafts and run["method"] != "ar" else "")
+            families.setdefault(name, []).append(run)
     images = images or _benchmark_images(runs)
     fig.suptitle("Quality against speed: the shipped benchmark" + (f" ({images} images per method)" if images else ""),
                  fontsize=TITLE_SIZE)
@@ -375,3 +377,121 @@ def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str =
         fig.legend(handles=handles, loc="outside right center", fontsize=LEGEND_SIZE, frameon=False)
     _label_points(ax, points)
     return fig
+
+
+# Study figures (bench --plots DIR, shown in the README) -------------------------------------------------------
+DIFFERENCE_LABELS = {"log_likelihood_per_token": "log-likelihood per token minus Eagle-1's (nats)",
+                     "fid": "judge-FID minus Eagle-1's (lower is better)",
+                     "judge_accuracy": "class consistency minus Eagle-1's"}
+# the point of each family whose acceptance curve the per-position figure shows
+REPRESENTATIVE = {"cool": {"delta": 2}, "uniform": {"delta": 2}, "lantern": {"k": 10, "lambda": 5}}
+MARKERS = "osD^vP*Xh"
+
+
+def _study_families(runs: list[dict]) -> dict[str, list[dict]]:
+    """Speculative runs by family (method and fixed parameters), each sorted by tau; AR has no draft."""
+    families: dict[str, list[dict]] = {}
+    for run in runs:
+        if run["method"] != "ar":
+            families.setdefault(family_name(run), []).append(run)
+    return {name: sorted(items, key=lambda r: r["tau"]) for name, items in families.items()}
+
+
+def _study_axes(result: dict, height: float) -> tuple[Figure, list[tuple[Axes, str]], dict[str, tuple[str, str]]]:
+    """One panel per draft, and one (colour, marker) per family, the same in every panel."""
+    drafts = result.get("drafts") or sorted({r["draft"] for r in result["runs"] if r["method"] != "ar"})
+    fig, axes = _figure(WIDE, height, cols=len(drafts))
+    colors = colormaps["tab10"]
+    styles = {name: (colors(i % 10), MARKERS[i % len(MARKERS)])
+              for i, name in enumerate(_study_families(result["runs"]))}
+    return fig, list(zip(axes, drafts)), styles
+
+
+def _study_legend(fig: Figure, axes: list[tuple[Axes, str]]) -> None:
+    handles = {}
+    for ax, _ in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    _legend_below(fig, list(handles.values()), ncol=3)
+
+
+def study_quality(result: dict, metric: str = "log_likelihood_per_token") -> Figure:
+    """The paper's quality/speed view with its noise: each configuration's quality minus Eagle-1's on the same
+    images, against tau, with the paired 95% bootstrap interval as a bar; one panel per draft."""
+    fig, axes, styles = _study_axes(result, 5.2)
+    fig.suptitle(f"Quality against speed: minus Eagle-1 on the same {result['images']} images "
+                 "(bars: paired 95% intervals)", fontsize=TITLE_SIZE)
+    for ax, draft in axes:
+        ax.axhline(0, color="0.5", lw=0.8, ls="--")
+        runs = [r for r in result["runs"] if r["draft"] == draft and metric in r.get("vs_eagle", {})]
+        for name, items in _study_families(runs).items():
+            color, marker = styles[name]
+            differences = [r["vs_eagle"][metric] for r in items]
+            values = np.array([d["value"] for d in differences])
+            bars = np.array([values - [d["low"] for d in differences], [d["high"] for d in differences] - values])
+            ax.errorbar([r["tau"] for r in items], values, yerr=bars, color=color, marker=marker, ms=4, capsize=2,
+                        lw=1, label=name)
+        ax.set_title(draft, fontsize=SUBTITLE_SIZE)
+        ax.set_xlabel(METRIC_LABELS["tau"].split(" (")[0])
+    axes[0][0].set_ylabel(DIFFERENCE_LABELS.get(metric, metric))
+    _study_legend(fig, axes)
+    return fig
+
+
+def study_speedup(result: dict) -> Figure:
+    """Measured speed-up over AR against tau, per draft: how much of tau the round's cost leaves."""
+    fig, axes, styles = _study_axes(result, 4.6)
+    fig.suptitle(f"Speed-up over AR against tau ({result.get('latency_images', result['images'])} timed images "
+                 f"per configuration, {result.get('device', 'cpu')}, {result.get('threads', 1)} thread(s))",
+                 fontsize=TITLE_SIZE)
+    for ax, draft in axes:
+        ax.axhline(1, color="0.5", lw=0.8, ls="--")
+        runs = [r for r in result["runs"] if r["draft"] == draft]
+        for name, items in _study_families(runs).items():
+            color, marker = styles[name]
+            ax.plot([r["tau"] for r in items], [r["speedup_vs_ar"] for r in items], color=color, marker=marker,
+                    ms=4, lw=1, label=name)
+        ax.set_title(draft, fontsize=SUBTITLE_SIZE)
+        ax.set_xlabel(METRIC_LABELS["tau"].split(" (")[0])
+    axes[0][0].set_ylabel("speed-up over AR (ratio of median latencies)")
+    _study_legend(fig, axes)
+    return fig
+
+
+def _representative(items: list[dict]) -> dict:
+    """The family's point named in REPRESENTATIVE, else its middle point by tau."""
+    wanted = REPRESENTATIVE.get(items[0]["method"], {})
+    chosen = [r for r in items if wanted and all(r["params"].get(k) == v for k, v in wanted.items())]
+    return chosen[0] if chosen else items[len(items) // 2]
+
+
+def study_acceptance(result: dict) -> Figure:
+    """P(accept at a draft position | reached), pooled over every round of every image, one line per family
+    (its representative point) and per draft."""
+    fig, axes, styles = _study_axes(result, 4.6)
+    fig.suptitle("Acceptance per draft position (pooled over all rounds that reached it)", fontsize=TITLE_SIZE)
+    for ax, draft in axes:
+        runs = [r for r in result["runs"] if r["draft"] == draft and r.get("per_depth", {}).get("depth")]
+        for name, items in _study_families(runs).items():
+            color, marker = styles[name]
+            run = _representative(items)
+            depths = run["per_depth"]
+            ax.plot(depths["depth"], _nan_for_none(depths["accept_prob"]), color=color, marker=marker, ms=4, lw=1,
+                    label=f"{name}, {point_label(run)}" if len(items) > 1 else name)
+        ax.set_title(draft, fontsize=SUBTITLE_SIZE)
+        ax.set_xlabel("draft position (depth)")
+        ax.set_ylim(0, 1.02)
+        _integer_ticks(ax.xaxis)
+    axes[0][0].set_ylabel("P(accept | reached)")
+    _study_legend(fig, axes)
+    return fig
+
+
+def study_figures(result: dict) -> dict[str, Figure]:
+    """Every study figure by file stem: quality (each recorded measure), speed-up and acceptance per position."""
+    recorded = {m for r in result["runs"] for m in r.get("vs_eagle", {})}
+    figures = {f"quality_{m}": study_quality(result, m) for m in DIFFERENCE_LABELS if m in recorded}
+    figures["speedup"] = study_speedup(result)
+    if any(r.get("per_depth", {}).get("depth") for r in result["runs"]):
+        figures["acceptance"] = study_acceptance(result)
+    return figures

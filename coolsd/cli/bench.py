@@ -173,10 +173,13 @@ def sample_record(bench: Bench, configuration: Configuration, image: int, genera
     log-likelihood per token and, when the bundle's quality judges single images (``per_image``), the judge's
     features and verdict. JSON values only, so a record read back or received from another process is equal."""
     stats = generation.stats
+    reached, accept_sum = stats.level_totals()
     record = {"kind": "sample", "configuration": configuration.label, "image": image, "seed": stats.seed,
               "class_id": stats.class_id, "tokens": [int(t) for t in generation.tokens], "tau": stats.tau,
               "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
               "relaxation_cost": stats.relaxation_cost,
+              # per draft depth: rounds that reached it and their summed acceptance probabilities
+              "reached_per_depth": reached.astype(int).tolist(), "accept_prob_sum_per_depth": accept_sum.tolist(),
               # the plain model: the teacher-forced forward needs no step wrapper (static caches, CUDA graphs)
               "log_likelihood_per_token": mean_log_likelihood(unwrapped(bench.bundle.target), bench.condition(image),
                                                               generation.tokens, bench.sampling)}
@@ -351,6 +354,17 @@ def quality_summary(samples: list[dict], bundle: Bundle) -> dict:
     return bundle.quality([bundle.image(s["tokens"]) for s in samples], [s["class_id"] for s in samples])
 
 
+def pooled_depths(samples: list[dict]) -> dict:
+    """Acceptance per draft position over all images: P(accept at depth d | depth d reached), pooled over every
+    round of every image that reached d (a round that stopped earlier says nothing about d)."""
+    reached = np.sum([s["reached_per_depth"] for s in samples], axis=0) if samples else np.zeros(0)
+    accept_sum = np.sum([s["accept_prob_sum_per_depth"] for s in samples], axis=0) if samples else np.zeros(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        accept_prob = [float(p) if n else None for p, n in zip(accept_sum / reached, reached)]
+    return {"depth": list(range(1, len(reached) + 1)), "reached": reached.astype(int).tolist(),
+            "accept_prob": accept_prob}
+
+
 def summarise(configuration: Configuration, samples: list[dict], timings: list[dict], ar_timings: list[dict],
               bundle: Bundle, keep_images: bool) -> dict:
     """One configuration's record: quality from its samples (every image), speed from its timings (the timed
@@ -373,6 +387,7 @@ def summarise(configuration: Configuration, samples: list[dict], timings: list[d
         # the target's own log-likelihood of the images, nats per token (coolsd.core.likelihood): lossless
         # methods estimate the target's negative entropy rate; relaxation moves it
         "log_likelihood_per_token": float(np.mean(column(samples, "log_likelihood_per_token"))),
+        "per_depth": pooled_depths(samples),
         "seconds_per_image": {k: v / len(timings) for k, v in phase.items()},
         # the verification logic (sampling transform + acceptance walk) per round, relative to a target forward
         "acceptance_vs_target_forward": phase["acceptance"] / phase["target_forward"],
@@ -500,6 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--csv", type=Path, default=None, metavar="FILE",
                         help="CSV file: one row per configuration, with its differences from Eagle-1 and their "
                              "intervals")
+    parser.add_argument("--plots", type=Path, default=None, metavar="DIR",
+                        help="folder for the figures (PNG): quality minus Eagle-1's against tau with paired "
+                             "intervals, speed-up against tau, acceptance per draft position")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="time the parts of a round (AR step, verification of chain:5, tree:eagle25, tree:wide57, "
@@ -531,12 +549,25 @@ def profile_parts(args: argparse.Namespace, bundle: Bundle) -> int:
     return 0
 
 
+def write_figures(result: dict, folder: Path) -> list[Path]:
+    """The study's figures as PNG files in ``folder`` (matplotlib, imported only when asked for)."""
+    from ..app.plots import study_figures
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for stem, figure in study_figures(result).items():
+        paths.append(folder / f"{stem}.png")
+        figure.savefig(paths[-1], dpi=100)
+    return paths
+
+
 def report(result: dict, args: argparse.Namespace) -> None:
     """Write the JSON and CSV, and print what a preset skipped, the warnings and the table."""
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.csv:
         write_csv(result, args.csv)
+    if args.plots:
+        write_figures(result, args.plots)
     for skipped in result["skipped"]:
         print(f"skipped {skipped['label']} on {skipped['draft']}: {skipped['reason']}", file=sys.stderr)
     for warning in result["warnings"]:

@@ -149,16 +149,23 @@ class GenerationStats:
     def relaxation_cost(self) -> float:
         return float(sum(c.cost for r in self.rounds for c in r.tested))
 
-    def per_depth(self) -> dict[str, list]:
-        """Per draft depth 1..D: times reached, mean P(accept at depth | reached), empirical rate, omega,
-        and the mean acceptance probability of single candidates."""
-        depth = self.tree_depth
-        reached, accepted, prob = np.zeros(depth), np.zeros(depth), np.zeros(depth)
-        cand_n, cand_f = np.zeros(depth), np.zeros(depth)
+    def level_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per draft depth 1..D: rounds that reached it, and the sum of their P(accept at depth | reached): sums,
+        so that many images pool into one acceptance curve (the study's per-position plot)."""
+        reached, prob = np.zeros(self.tree_depth), np.zeros(self.tree_depth)
         for r in self.rounds:
             for d, level_prob in r.level_accept_prob.items():
                 reached[d - 1] += 1
                 prob[d - 1] += level_prob
+        return reached, prob
+
+    def per_depth(self) -> dict[str, list]:
+        """Per draft depth 1..D: times reached, mean P(accept at depth | reached), empirical rate, omega,
+        and the mean acceptance probability of single candidates."""
+        depth = self.tree_depth
+        (reached, prob), accepted = self.level_totals(), np.zeros(depth)
+        cand_n, cand_f = np.zeros(depth), np.zeros(depth)
+        for r in self.rounds:
             for c in r.tested:
                 accepted[c.depth - 1] += c.accepted
                 cand_n[c.depth - 1] += 1
