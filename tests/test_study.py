@@ -217,3 +217,24 @@ def test_acceptance_per_position_pools_every_round_of_every_image(tmp_path):
         assert depths["depth"] == [1, 2, 3] and depths["reached"] == reached.astype(int).tolist()
         assert reached[0] > reached[2] > 0
         np.testing.assert_allclose(depths["accept_prob"], total / reached, rtol=1e-12)
+
+
+def test_configurations_differing_in_one_respect_are_compared_on_the_same_images(tmp_path):
+    """The claims' pairs: G* against the heuristic residual, exponential against linear decay, and COOL-SD
+    against UniformRSD at the same delta; each difference is a's value minus b's, with a paired interval."""
+    out = tmp_path / "pairs.json"
+    methods = ["eagle", "lantern:k=5,lambda=2,residual=gstar", "lantern:k=5,lambda=2,residual=lantern",
+               "cool:delta=2,nu=0.3,schedule=exp", "cool:delta=2,nu=0.3,schedule=linear", "uniform:delta=2",
+               "uniform:delta=3"]
+    assert bench.main(["--methods", *methods, "--draft", "chain:3", "--images", "6", "--out", str(out)] + TINY) == 0
+    result = json.loads(out.read_text())
+    runs = {run["label"]: run for run in result["runs"]}
+    pairs = [(c["a"], c["b"], c["differs_in"]) for c in result["comparisons"]]
+    assert pairs == [(methods[1], methods[2], "residual"), (methods[3], methods[4], "schedule"),
+                     (methods[3], methods[5], "annealing"), (methods[4], methods[5], "annealing")]
+    for compared in result["comparisons"]:
+        a, b = runs[compared["a"]], runs[compared["b"]]
+        for key in ("tau", "log_likelihood_per_token"):
+            difference = compared["a_minus_b"][key]
+            assert difference["value"] == pytest.approx(a[key] - b[key], abs=1e-12)
+            assert difference["low"] <= difference["value"] <= difference["high"]

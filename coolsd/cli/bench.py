@@ -300,13 +300,42 @@ def summarise_study(bench: Bench, keep_images: bool) -> dict:
             run["vs_eagle"] = paired_differences(samples[k], samples[eagle], timings[k], timings[eagle], timings[ar],
                                                  bundle.quality, study.seed)
             run["eagle_baseline"] = configurations[eagle].label
+    comparisons = [{"a": configurations[a].label, "b": configurations[b].label, "draft": configurations[a].draft,
+                    "differs_in": aspect,
+                    "a_minus_b": paired_differences(samples[a], samples[b], timings[a], timings[b], timings[ar],
+                                                    bundle.quality, study.seed)}
+                   for a, b, aspect in paired_configurations(configurations)]
     judge_size = getattr(bundle.quality, "num_features", None)
     return {"model": bundle.name, "device": str(bundle.device), "dtype": str(next(bundle.target.parameters()).dtype),
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
             "images": study.images, "latency_images": study.timed_images, "repeats": study.repeats,
             "draft": ", ".join(study.drafts) or "none", "drafts": study.drafts,
             "sampling": bench.sampling.to_dict(), "seed": study.seed,
-            "warnings": sample_warnings(study.images, judge_size), "skipped": list(study.skipped), "runs": runs}
+            "warnings": sample_warnings(study.images, judge_size), "skipped": list(study.skipped), "runs": runs,
+            "comparisons": comparisons}
+
+
+# The paper's claims compare configurations that differ in one respect, on the same draft and images
+COMPARED_PARAMETERS = ("residual", "schedule")  # G* against the heuristic residual; exponential against linear
+
+
+def paired_configurations(configurations: tuple[Configuration, ...]) -> list[tuple[int, int, str]]:
+    """(a, b, aspect) for the configurations on one draft that differ in one respect: the same method whose
+    parameters differ only in one of COMPARED_PARAMETERS (a = the first value of the pair seen), and COOL-SD
+    (annealed) against UniformRSD at the same total relaxation ``delta``."""
+    pairs = []
+    for a, first in enumerate(configurations):
+        for b, second in enumerate(configurations):
+            if a == b or first.draft != second.draft:
+                continue
+            if first.name == second.name and a < b and first.params.keys() == second.params.keys():
+                differing = [key for key in first.params if first.params[key] != second.params[key]]
+                if len(differing) == 1 and differing[0] in COMPARED_PARAMETERS:
+                    pairs.append((a, b, differing[0]))
+            elif (first.name, second.name) == ("cool", "uniform") and \
+                    first.params.get("delta") == second.params.get("delta"):
+                pairs.append((a, b, "annealing"))
+    return pairs
 
 
 def paired_differences(samples: list[dict], eagle: list[dict], timings: list[dict], eagle_timings: list[dict],
