@@ -348,3 +348,24 @@ def test_tradeoff_stars_only_the_measured_setting():
     assert {plots.family(run) for run in bench.values()} == {
         "ar", "eagle", "cool", "cool (nu=0.3, schedule=exp)", "cool (nu=0.3, schedule=linear)", "uniform",
         "lantern (residual=gstar)", "lantern (residual=lantern)"}
+
+
+def test_tradeoff_of_a_study_shows_differences_from_eagle_and_stars_the_setting(monkeypatch):
+    """A study file (runs compared with Eagle-1, two drafts): the tab shows each run's difference with its
+    interval, and stars the current setting on its own draft's panel only."""
+    def run(method, params, draft, tau, value):
+        return {"method": method, "params": params, "draft": draft, "label": method, "tau": tau,
+                "speedup_vs_ar": 1.0, "vs_eagle": {"fid": {"value": value, "low": value - 1, "high": value + 1}}}
+    study = {"model": app.BUNDLE.name, "sampling": app.BUNDLE.sampling.to_dict(), "images": 1000,
+             "drafts": ["chain:5", "tree:eagle25"],
+             "runs": [run("eagle", {}, "chain:5", 2.9, 0.0), run("eagle", {}, "tree:eagle25", 3.5, 0.0),
+                      run("cool", {"delta": 2, "nu": 0.7, "schedule": "exp"}, "chain:5", 3.7, 0.8),
+                      run("cool", {"delta": 2, "nu": 0.7, "schedule": "exp"}, "tree:eagle25", 4.3, 1.5)]}
+    monkeypatch.setattr(views, "load_bench", lambda bundle: study)
+    request = session.parse_controls(app.BUNDLE, controls(method="COOL-SD", delta=2.0, draft="tree:eagle25"))
+    fig = views.tradeoff_figure(app.BUNDLE, session.Comparison(request, None, None), "fid")
+    chain, tree = fig.axes
+    stars = [line for ax in (chain, tree) for line in ax.get_lines() if line.get_label() == "current setting"]
+    assert len(stars) == 1 and stars[0].axes is tree
+    assert (list(stars[0].get_xdata()), list(stars[0].get_ydata())) == ([4.3], [1.5])
+    assert views.tradeoff_figure(app.BUNDLE, None, "fid").axes[0].get_ylabel().startswith("judge-FID minus")

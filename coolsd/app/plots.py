@@ -415,9 +415,11 @@ def _study_legend(fig: Figure, axes: list[tuple[Axes, str]]) -> None:
     _legend_below(fig, list(handles.values()), ncol=3)
 
 
-def study_quality(result: dict, metric: str = "log_likelihood_per_token") -> Figure:
+def study_quality(result: dict, metric: str = "log_likelihood_per_token",
+                  current: tuple[str, float, float] | None = None) -> Figure:
     """The paper's quality/speed view with its noise: each configuration's quality minus Eagle-1's on the same
-    images, against tau, with the paired 95% bootstrap interval as a bar; one panel per draft."""
+    images, against tau, with the paired 95% bootstrap interval as a bar; one panel per draft. ``current``
+    (draft, tau, difference) stars the app's current setting."""
     fig, axes, styles = _study_axes(result, 5.2)
     fig.suptitle(f"Quality against speed: minus Eagle-1 on the same {result['images']} images "
                  "(bars: paired 95% intervals)", fontsize=TITLE_SIZE)
@@ -431,6 +433,8 @@ def study_quality(result: dict, metric: str = "log_likelihood_per_token") -> Fig
             bars = np.array([values - [d["low"] for d in differences], [d["high"] for d in differences] - values])
             ax.errorbar([r["tau"] for r in items], values, yerr=bars, color=color, marker=marker, ms=4, capsize=2,
                         lw=1, label=name)
+        if current is not None and current[0] == draft:
+            ax.plot(*current[1:], "*", color="red", markersize=14, label="current setting", zorder=3)
         ax.set_title(draft, fontsize=SUBTITLE_SIZE)
         ax.set_xlabel(METRIC_LABELS["tau"].split(" (")[0])
     axes[0][0].set_ylabel(DIFFERENCE_LABELS.get(metric, metric))

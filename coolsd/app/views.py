@@ -155,30 +155,44 @@ def _read_bench(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def measured_point(bundle: Bundle, request: Request, metric: str) -> tuple[float, float] | None:
-    """``(tau, metric)`` of the benchmark run made with exactly this setting: same model, sampling, draft and
-    rule parameters (defaults filled in), or None when the benchmark did not measure it."""
+def measured_run(bundle: Bundle, request: Request) -> dict | None:
+    """The benchmark run made with exactly this setting: same model, sampling, draft and rule parameters
+    (defaults filled in), or None when the benchmark did not measure it."""
     bench = load_bench(bundle)
     if bench.get("model") != bundle.name or bench.get("sampling") != request.sampling.to_dict():
         return None
     wanted = request.rule.params()
     for run in bench.get("runs", []):
-        if run["method"] != request.method or run.get(metric) is None:
+        if run["method"] != request.method:
             continue
         drafts = RULES[request.method].drafts
         if drafts and run["draft"] != request.draft:
             continue
         depth = parse_draft(run["draft"]).depth if drafts else 0
         if build_rule(run["method"], run["params"], depth, bundle.neighbours).params() == wanted:
-            return run["tau"], run[metric]
+            return run
     return None
 
 
+def measured_point(bundle: Bundle, request: Request, metric: str) -> tuple[float, float] | None:
+    """``(tau, metric)`` of the benchmark run made with exactly this setting (see :func:`measured_run`)."""
+    run = measured_run(bundle, request)
+    return (run["tau"], run[metric]) if run is not None and run.get(metric) is not None else None
+
+
 def tradeoff_figure(bundle: Bundle, result: Comparison | None, metric: str = "fid"):
-    """The shipped benchmark's quality/speed points, with the current setting starred when it was measured."""
-    runs = load_bench(bundle).get("runs", [])
+    """The shipped benchmark's quality/speed points, with the current setting starred when it was measured. A
+    study (every run compared with Eagle-1 on the same images) shows each run's difference from Eagle-1 with
+    its paired interval, one panel per draft."""
+    bench = load_bench(bundle)
+    runs = bench.get("runs", [])
     if not runs:
         return None
+    if any("vs_eagle" in run for run in runs):
+        run = measured_run(bundle, result.request) if result is not None else None
+        difference = run.get("vs_eagle", {}).get(metric) if run is not None else None
+        current = (run["draft"], run["tau"], difference["value"]) if difference is not None else None
+        return plots.study_quality(bench, metric, current)
     current = measured_point(bundle, result.request, metric) if result is not None else None
     return plots.tradeoff(runs, current, y_key=metric)
 
