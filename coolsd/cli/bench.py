@@ -49,6 +49,7 @@ from ..core.trees import usable_depth
 from ..models.bundle import Bundle, pick_device
 from ..models.registry import EXAMPLE_PROMPTS
 from ..models.steps import unwrapped
+from .claims import summary
 from .common import (
     OneLineParser,
     add_model_arguments,
@@ -547,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plots", type=Path, default=None, metavar="DIR",
                         help="folder for the figures (PNG): quality minus Eagle-1's against tau with paired "
                              "intervals, speed-up against tau, acceptance per draft position")
+    parser.add_argument("--summary", type=Path, default=None, metavar="FILE",
+                        help="Markdown file: the noise floor (AR minus Eagle-1), the smallest COOL-SD delta whose "
+                             "quality is told apart from Eagle-1's, and the paired comparisons behind the claims")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="time the parts of a round (AR step, verification of chain:5, tree:eagle25, tree:wide57, "
@@ -597,6 +601,8 @@ def report(result: dict, args: argparse.Namespace) -> None:
         write_csv(result, args.csv)
     if args.plots:
         write_figures(result, args.plots)
+    if args.summary:
+        args.summary.write_text(summary(result))
     for skipped in result["skipped"]:
         print(f"skipped {skipped['label']} on {skipped['draft']}: {skipped['reason']}", file=sys.stderr)
     for warning in result["warnings"]:

@@ -1,0 +1,127 @@
+"""What a study says, computed from its results (``bench --summary FILE``): the noise floor, how far COOL-SD
+relaxes before its quality is told apart from Eagle-1's, and the paired comparisons behind the paper's claims.
+Every number is read from the study's JSON; nothing here measures anything."""
+
+from __future__ import annotations
+
+QUALITY = ("log_likelihood_per_token", "fid", "judge_accuracy")
+HIGHER_IS_BETTER = {"log_likelihood_per_token": True, "fid": False, "judge_accuracy": True, "tau": True}
+NAMES = {"log_likelihood_per_token": "log-likelihood / token", "fid": "FID", "judge_accuracy": "class consistency",
+         "tau": "tau"}
+ASPECTS = {"residual": "G* against the heuristic residual (LANTERN++, a = the first residual listed)",
+           "schedule": "exponential against linear decay (COOL-SD, a = the first schedule listed)",
+           "annealing": "COOL-SD (annealed) against UniformRSD at the same delta"}
+
+
+def shown(difference: dict) -> str:
+    return f"{difference['value']:+.4f} [{difference['low']:+.4f}, {difference['high']:+.4f}]"
+
+
+def resolved(difference: dict) -> bool:
+    """The 95% interval excludes zero."""
+    return difference["low"] > 0 or difference["high"] < 0
+
+
+def better(difference: dict, measure: str) -> bool | None:
+    """True (a resolved gain for a), False (a resolved loss) or None (not resolved)."""
+    if not resolved(difference):
+        return None
+    return (difference["low"] > 0) == HIGHER_IS_BETTER[measure]
+
+
+def measures(result: dict) -> list[str]:
+    recorded = {key for run in result["runs"] for key in run.get("vs_eagle", {})}
+    return [m for m in QUALITY if m in recorded]
+
+
+def noise_floor(result: dict) -> list[str]:
+    """AR minus Eagle-1 on the same images: two samplers of one distribution, so any resolved difference here
+    would be a fault, and the interval's width is the smallest effect the study can see."""
+    ar = next((run for run in result["runs"] if run["method"] == "ar" and "vs_eagle" in run), None)
+    if ar is None:
+        return ["No AR run compared with Eagle-1: no noise floor."]
+    lines = [f"Noise floor: AR minus Eagle-1 ({ar['eagle_baseline']}) on the same {result['images']} images "
+             "(value [95% interval]):", ""]
+    lines += [f"* {NAMES[m]}: {shown(ar['vs_eagle'][m])}" + (" **resolved: a fault**" if resolved(ar['vs_eagle'][m])
+                                                               else "") for m in measures(result)]
+    return lines
+
+
+def speedup_over_eagle(result: dict, run: dict) -> float:
+    """Median Eagle-1 latency / median latency: both speed-ups share AR's median, so their ratio is exactly it."""
+    eagle = next(r for r in result["runs"] if r["label"] == run["eagle_baseline"] and r["draft"] == run["draft"])
+    return run["speedup_vs_ar"] / eagle["speedup_vs_ar"]
+
+
+def cool_relaxation(result: dict) -> list[str]:
+    """Per draft and COOL-SD family (nu, schedule): the smallest delta with a resolved quality difference; and
+    over all, the COOL-SD setting of highest tau whose every quality difference is unresolved."""
+    cool = [run for run in result["runs"] if run["method"] == "cool" and "vs_eagle" in run]
+    quality = measures(result)
+    lines = ["COOL-SD against Eagle-1, smallest delta whose quality difference is resolved:", ""]
+    families: dict[tuple, list[dict]] = {}
+    for run in cool:
+        key = (run["draft"], run["params"].get("nu"), run["params"].get("schedule"))
+        families.setdefault(key, []).append(run)
+    for (draft, nu, schedule), runs in sorted(families.items(), key=lambda item: str(item[0])):
+        first = next((run for run in sorted(runs, key=lambda r: r["params"]["delta"])
+                      if any(resolved(run["vs_eagle"][m]) for m in quality)), None)
+        where = ", ".join(f"{NAMES[m]} {shown(first['vs_eagle'][m])}" for m in quality
+                          if resolved(first["vs_eagle"][m])) if first else ""
+        lines.append(f"* {draft}, nu={nu}, {schedule}: " + (f"delta={first['params']['delta']} ({where})" if first
+                                                             else "none up to the largest delta"))
+    same = [run for run in cool if not any(resolved(run["vs_eagle"][m]) for m in quality)]
+    lines.append("")
+    if same:
+        best = max(same, key=lambda run: run["tau"])
+        lines.append(f"Best COOL-SD setting indistinguishable from Eagle-1 on every quality measure: {best['label']} on "
+                     f"{best['draft']}, tau {best['tau']:.3f} (minus Eagle-1's: {shown(best['vs_eagle']['tau'])}), "
+                     f"{speedup_over_eagle(result, best):.2f}x Eagle-1's speed")
+    else:
+        lines.append("No COOL-SD setting is indistinguishable from Eagle-1 on every quality measure.")
+    return lines
+
+
+def comparisons(result: dict) -> list[str]:
+    """Each pair behind a claim, and per claim and measure how many pairs favour a, favour b, or are not
+    resolved."""
+    quality = ["tau"] + measures(result)
+    lines = []
+    for aspect, title in ASPECTS.items():
+        pairs = [c for c in result.get("comparisons", []) if c["differs_in"] == aspect]
+        if not pairs:
+            continue
+        lines += [f"**{title}** (a minus b, value [95% interval]):", "",
+                  "| a | b | draft | " + " | ".join(NAMES[m] for m in quality) + " |", "|---" * (3 + len(quality)) + "|"]
+        lines += [f"| {c['a']} | {c['b']} | {c['draft']} | " + " | ".join(shown(c["a_minus_b"][m]) for m in quality)
+                  + " |" for c in pairs]
+        counts = []
+        for m in quality:
+            verdicts = [better(c["a_minus_b"][m], m) for c in pairs]
+            counts.append(f"{NAMES[m]}: a better in {verdicts.count(True)}, b better in {verdicts.count(False)}, "
+                          f"unresolved in {verdicts.count(None)}")
+        lines += ["", f"Of {len(pairs)} pairs: " + "; ".join(counts) + ".", ""]
+    return lines
+
+
+def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[str]:
+    """Per draft, the LANTERN++ points that some COOL-SD point matches or beats on both tau and ``measure``
+    (point estimates of the differences from Eagle-1)."""
+    lines = []
+    for draft in result.get("drafts", []):
+        runs = [r for r in result["runs"] if r["draft"] == draft and measure in r.get("vs_eagle", {})]
+        value = {r["label"]: r["vs_eagle"][measure]["value"] * (1 if HIGHER_IS_BETTER[measure] else -1) for r in runs}
+        lantern = [r for r in runs if r["method"] == "lantern"]
+        cool = [r for r in runs if r["method"] == "cool"]
+        beaten = [r for r in lantern if any(c["tau"] >= r["tau"] and value[c["label"]] >= value[r["label"]]
+                                            for c in cool)]
+        if lantern:
+            lines.append(f"* {draft}: {len(beaten)} of {len(lantern)} LANTERN++ points are matched or beaten on "
+                         f"both tau and {NAMES[measure]} by a COOL-SD point")
+    return ["COOL-SD against LANTERN++ (point estimates):", ""] + lines if lines else []
+
+
+def summary(result: dict) -> str:
+    """The study's summary in Markdown."""
+    parts = [noise_floor(result), cool_relaxation(result), comparisons(result), dominance(result)]
+    return "\n".join(line for part in parts for line in part + [""])
