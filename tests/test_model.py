@@ -177,3 +177,14 @@ def test_bfloat16_models_decode():
             result = named(bundle, 1, method, params, spec, SamplingConfig(cfg_scale=2.0), seed=0)
             assert len(result.tokens) == bundle.config.image_tokens
             assert all(0 <= t < bundle.config.vocab_size for t in result.tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_is_llamagens_order_exactly(dtype):
+    """Normalise in float32, cast back, then scale (LlamaGen); the one-call float32 form gives the same bits."""
+    from coolsd.models.gpt import RMSNorm
+    norm = RMSNorm(48, 1e-5).to(dtype)
+    torch.nn.init.normal_(norm.weight)
+    x = (torch.randn(3, 5, 48) * 7).to(dtype)
+    want = torch.nn.functional.rms_norm(x.float(), (48,), eps=1e-5).type_as(x) * norm.weight
+    assert torch.equal(norm(x), want)

@@ -143,6 +143,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        """LlamaGen's order: normalise in float32, cast back, then scale. In float32 the cast is nothing, and
+        one call that also scales gives the same numbers with fewer operations."""
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, eps=self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
 
 
