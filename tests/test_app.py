@@ -369,3 +369,21 @@ def test_tradeoff_of_a_study_shows_differences_from_eagle_and_stars_the_setting(
     assert len(stars) == 1 and stars[0].axes is tree
     assert (list(stars[0].get_xdata()), list(stars[0].get_ydata())) == ([4.3], [1.5])
     assert views.tradeoff_figure(app.BUNDLE, None, "fid").axes[0].get_ylabel().startswith("judge-FID minus")
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_both_images_are_the_direct_generations_whether_run_at_once_or_in_turn(monkeypatch, at_once):
+    """Side by side (a CPU with a core to spare) or one after the other, a request's two runs are exactly what
+    generate gives for them alone, and the progress says how they run."""
+    from coolsd.core.decode import generate
+    from coolsd.core.rules import Eagle
+
+    monkeypatch.setattr(session, "side_by_side", lambda bundle: at_once)
+    monkeypatch.setattr(session, "EAGLE_CACHE", session.ResultCache())
+    said = []
+    request = session.parse_controls(app.BUNDLE, controls(seed=11))
+    result = session.compare(app.BUNDLE, request, lambda *args, desc="": said.append(desc))
+    cls = session.condition(app.BUNDLE, request)
+    assert result.method.tokens == generate(app.BUNDLE, cls, request.rule, request.tree, request.sampling, 11).tokens
+    assert result.eagle.tokens == generate(app.BUNDLE, cls, Eagle(), request.tree, request.sampling, 11).tokens
+    assert any("side by side" in text for text in said) == at_once

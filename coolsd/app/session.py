@@ -4,10 +4,12 @@ method and lossless Eagle-1, cached), and their timing in interleaved repeats. W
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -233,8 +235,16 @@ class Comparison:
     timing: "Timing | None" = None
 
 
+def side_by_side(bundle: Bundle) -> bool:
+    """Whether the two images of a request may be generated at once: on a CPU with a core to spare (each run
+    has its own caches and generators; on a GPU the steps share static caches and graphs, so they take turns)."""
+    return bundle.device.type == "cpu" and (os.cpu_count() or 1) >= 2
+
+
 def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
-    """Run the chosen method and (cached per setting) lossless Eagle-1 for one request; no timing yet."""
+    """Run the chosen method and (cached per setting) lossless Eagle-1 for one request, at once where
+    :func:`side_by_side` allows (the same tokens either way: every run has its own seeded generators); no
+    timing yet (that is :func:`measure_speed`, one run at a time)."""
     say = progress or (lambda *args, **kwargs: None)
     sampling, seed = request.sampling, request.seed
     cls = condition(bundle, request)
@@ -243,13 +253,20 @@ def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
     def run_eagle() -> Generation:
         return generate(bundle, cls, Eagle(), request.tree, sampling, seed, capture=True)
 
-    say(0.1, desc=f"Generating with {request.label}")
     if request.method == "eagle":
-        method = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
+        say(0.1, desc=f"Generating with {request.label}")
+        method = eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
+    elif side_by_side(bundle):
+        say(0.1, desc=f"Generating with {request.label} and Eagle-1 (lossless), side by side")
+        with ThreadPoolExecutor(1) as pool:
+            eagle_run = pool.submit(EAGLE_CACHE.get_or_run, eagle_key, run_eagle)
+            method = generate(bundle, cls, request.rule, request.tree, sampling, seed)
+            eagle = eagle_run.result()
     else:
+        say(0.1, desc=f"Generating with {request.label}")
         method = generate(bundle, cls, request.rule, request.tree, sampling, seed)
-    say(0.6, desc="Generating with Eagle-1 (lossless)")
-    eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
+        say(0.6, desc="Generating with Eagle-1 (lossless)")
+        eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     images = {"method": bundle.image(method.tokens), "eagle": bundle.image(eagle.tokens)}
     return Comparison(request, method, eagle, images)
 
