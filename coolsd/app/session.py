@@ -235,6 +235,11 @@ class Comparison:
     timing: "Timing | None" = None
 
 
+# One long-lived thread for the Eagle-1 runs that go alongside a request's own: a thread per request would give
+# the allocator a new arena each time, and the server's memory would keep growing.
+SIDE_RUNS = ThreadPoolExecutor(1, thread_name_prefix="eagle-alongside")
+
+
 def side_by_side(bundle: Bundle) -> bool:
     """Whether the two images of a request may be generated at once: on a CPU with a core to spare (each run
     has its own caches and generators; on a GPU the steps share static caches and graphs, so they take turns)."""
@@ -258,10 +263,9 @@ def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
         method = eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     elif side_by_side(bundle):
         say(0.1, desc=f"Generating with {request.label} and Eagle-1 (lossless), side by side")
-        with ThreadPoolExecutor(1) as pool:
-            eagle_run = pool.submit(EAGLE_CACHE.get_or_run, eagle_key, run_eagle)
-            method = generate(bundle, cls, request.rule, request.tree, sampling, seed)
-            eagle = eagle_run.result()
+        eagle_run = SIDE_RUNS.submit(EAGLE_CACHE.get_or_run, eagle_key, run_eagle)
+        method = generate(bundle, cls, request.rule, request.tree, sampling, seed)
+        eagle = eagle_run.result()
     else:
         say(0.1, desc=f"Generating with {request.label}")
         method = generate(bundle, cls, request.rule, request.tree, sampling, seed)
