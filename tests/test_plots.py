@@ -229,7 +229,8 @@ def test_study_acceptance_shows_each_familys_named_point():
     fig = plots.study_acceptance(result)
     chain, tree = fig.axes
     cool = {line.get_label(): list(line.get_ydata()) for line in tree.get_lines()}
-    assert cool["COOL-SD (ν=0.7, exp), δ=2"] == [0.7, 0.65, 0.65]  # delta=2 is the named point, not the first or the last
+    # delta=2 is the named point, not the first or the last
+    assert cool["COOL-SD (ν=0.7, exp), δ=2"] == [0.7, 0.65, 0.65]
     assert cool["Eagle-1 (lossless)"] == [0.6, 0.5, 0.4]
     assert chain.get_ylim()[0] == 0
 

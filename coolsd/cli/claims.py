@@ -74,7 +74,8 @@ def cool_relaxation(result: dict) -> list[str]:
     lines.append("")
     if same:
         best = max(same, key=lambda run: run["tau"])
-        lines.append(f"Best COOL-SD setting indistinguishable from Eagle-1 on every quality measure: {best['label']} on "
+        lines.append("Best COOL-SD setting indistinguishable from Eagle-1 on every quality measure: "
+                     f"{best['label']} on "
                      f"{best['draft']}, tau {best['tau']:.3f} (minus Eagle-1's: {shown(best['vs_eagle']['tau'])}), "
                      f"{speedup_over_eagle(result, best):.2f}x Eagle-1's speed")
     else:
@@ -92,7 +93,8 @@ def comparisons(result: dict) -> list[str]:
         if not pairs:
             continue
         lines += [f"**{title}** (a minus b, value [95% interval]):", "",
-                  "| a | b | draft | " + " | ".join(NAMES[m] for m in quality) + " |", "|---" * (3 + len(quality)) + "|"]
+                  "| a | b | draft | " + " | ".join(NAMES[m] for m in quality) + " |",
+                  "|---" * (3 + len(quality)) + "|"]
         lines += [f"| {c['a']} | {c['b']} | {c['draft']} | " + " | ".join(shown(c["a_minus_b"][m]) for m in quality)
                   + " |" for c in pairs]
         counts = []

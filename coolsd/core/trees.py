@@ -83,14 +83,6 @@ class DraftTree:
             mask[node] |= mask[self.parent[node]]
         return mask
 
-    def ancestors(self, node: int) -> list[int]:
-        """The drafted nodes above ``node`` (the root not counted), top down."""
-        path = []
-        while self.parent[node] > 0:
-            node = self.parent[node]
-            path.insert(0, node)
-        return path
-
     @cached_property
     def level_draws(self) -> list[dict]:
         """Per depth d>=1, how its nodes get their tokens: the distinct parents (each drafts ``width``
@@ -104,7 +96,7 @@ class DraftTree:
             distinct = sorted(set(parents))
             ranks = [self.paths[n - 1][-1] for n in nodes]
             width = max(ranks) + 1
-            sees_all = len(nodes) == 1 and self.ancestors(nodes[0]) == list(range(1, nodes[0]))
+            sees_all = all(len(self.levels[e]) == 1 for e in range(1, d + 1))  # a chain down to here
             out.append({"parents": parents, "distinct": distinct, "width": width, "sees_all": sees_all,
                         "drawn": [distinct.index(p) * width + r for p, r in zip(parents, ranks)]})
         return out

@@ -51,4 +51,5 @@ class Drafter(nn.Module):
     def forward(self, inputs: Tensor, features: Tensor, positions: Tensor, cache: KVCache | None = None,
                 offset: int = 0, mask: Tensor | None = None) -> Tensor:
         x = self.fc(torch.cat([inputs, features], dim=-1))
-        return self.layer(x, self.rope(positions), cache, 0, offset, attention_mask(cache, mask, x.shape[1], offset=offset))
+        mask = attention_mask(cache, mask, x.shape[1], offset=offset)
+        return self.layer(x, self.rope(positions), cache, 0, offset, mask)
