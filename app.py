@@ -71,6 +71,8 @@ MODELS = models.Models(BUNDLE, lambda key: session.fast_steps(load_bundle(key), 
 
 
 DEFAULT_METHOD = "COOL-SD"
+QUALITY_AXES = [("judge-FID (lower is better)", "fid"), ("class consistency", "judge_accuracy"),
+                ("log-likelihood per token (the target's own score)", "log_likelihood_per_token")]
 PRIVATE = {"api_visibility": "private"}  # UI callbacks: not part of the API (only /generate is)
 PRESETS = {  # button -> the control values it sets
     "Paper: COOL-SD δ=1.1": {"method": "COOL-SD", "delta": 1.1, "nu": 0.7, "mu_auto": True},
@@ -487,8 +489,7 @@ def results_panel() -> dict:
         with gr.Tab("Theory"):
             named.update(theory_tab())
         with gr.Tab("Trade-off"):
-            named["metric"] = gr.Radio([("judge-FID (lower is better)", "fid"),
-                                        ("class consistency", "judge_accuracy")], value="fid", label="quality axis")
+            named["metric"] = gr.Radio(QUALITY_AXES, value="fid", label="quality axis")
             named["tradeoff_plot"] = gr.Plot(value=views.tradeoff_figure(BUNDLE, None, "fid"), show_label=False)
             gr.Markdown(METHOD_NOTES)
     return named
@@ -533,7 +534,7 @@ def on_model(choice, previous, metric="fid", progress=None):
     return (gr.skip(), gr.update(choices=bundle.class_names, value=start["class_name"], visible=not text),
             gr.update(visible=text), gr.update(maximum=bundle.config.vocab_size, value=start["top_k"]),
             start["cfg_scale"], start["temperature"], start["top_p"],
-            views.tradeoff_figure(bundle, None, metric if metric in ("fid", "judge_accuracy") else "fid"),
+            views.tradeoff_figure(bundle, None, metric if metric in dict(QUALITY_AXES).values() else "fid"),
             MODELS.key(choice))
 
 

@@ -240,3 +240,14 @@ def test_tradeoff_keeps_two_drafts_apart():
     fig = plots.tradeoff(runs, None, y_key="fid", images=1000)
     legend = {t.get_text() for legend in fig.legends for t in legend.get_texts()}
     assert {"COOL-SD (ν=0.7, exp) · chain:5", "COOL-SD (ν=0.7, exp) · tree:eagle25", "AR (no drafting)"} <= legend
+
+
+def test_tradeoff_says_when_the_benchmark_lacks_the_measure(bench_runs):
+    """A benchmark written before log-likelihoods were recorded: the figure says so instead of empty axes."""
+    older = [{key: value for key, value in run.items() if key != "log_likelihood_per_token"} for run in bench_runs]
+    (ax,) = plots.tradeoff(older, None, y_key="log_likelihood_per_token").axes
+    assert not ax.get_lines()
+    said = "this benchmark did not record log-likelihood per token under the target"
+    assert [t.get_text() for t in ax.texts] == [said]
+    (ax,) = plots.tradeoff(older, None, y_key="fid").axes
+    assert ax.get_lines() and not any("did not record" in t.get_text() for t in ax.texts)

@@ -304,6 +304,7 @@ def theory(table: dict, title: str) -> Figure:
 
 # Benchmark trade-off ------------------------------------------------------------------------------------
 METRIC_LABELS = {"fid": "judge-FID (lower is better)", "judge_accuracy": "class consistency (higher is better)",
+                 "log_likelihood_per_token": "log-likelihood per token under the target (nats)",
                  "tau": "mean accepted length τ (tokens per target forward)"}
 FID_NOISE, FID_NOISE_IMAGES = 1.0, 200  # AR against Eagle-1 (same distribution) differ by ~1 at 200 images (README)
 LABEL_OFFSETS = [(5, 4), (5, -12), (-5, 4), (-5, -12), (5, 14), (5, -22), (-5, 14), (-5, -22)]  # points
@@ -365,6 +366,9 @@ def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str =
         xs, ys = [r[x_key] for r in items], [r[y_key] for r in items]
         ax.plot(xs, ys, marker=markers[i % len(markers)], ls="-", label=name)
         points += [(x, y, point_label(r)) for x, y, r in zip(xs, ys, items)]
+    if not families:
+        ax.text(0.5, 0.5, f"this benchmark did not record {METRIC_LABELS.get(y_key, y_key).split(' (')[0]}",
+                ha="center", va="center", transform=ax.transAxes)
     if current is not None:
         ax.plot(*current, "*", color="red", markersize=14, label="current setting", zorder=3)
     ax.set_xlabel(METRIC_LABELS.get(x_key, x_key))
