@@ -51,10 +51,23 @@ def test_smallest_resolved_delta_and_best_indistinguishable_setting():
     assert "1.20x Eagle-1's speed" in best  # 1.8 / 1.5
 
 
-def test_dominance_counts_lantern_points_beaten_on_both_axes():
+def test_dominance_counts_points_beaten_on_both_axes_in_both_directions():
+    lines = dominance(study())
     # k=10 (tau 3.6, -0.05) is beaten by delta=2 (3.8, -0.05); k=20 (3.7, -0.01) by none (delta=2 is lower)
-    assert dominance(study())[-1] == ("* chain:5: 1 of 2 LANTERN++ points are matched or beaten on both tau and "
-                                      "log-likelihood / token by a COOL-SD point")
+    assert ("* chain:5: 1 of 2 LANTERN++ points are matched or beaten on both tau and log-likelihood / token by a "
+            "COOL-SD point") in lines
+    # k=20 (3.7, -0.01) beats delta=1.1 (3.2, -0.01) and delta=1.5 (3.5, -0.015); nothing beats delta=2 or 3
+    assert ("* chain:5: 2 of 4 COOL-SD points are matched or beaten on both tau and log-likelihood / token by a "
+            "LANTERN++ point") in lines
+    assert not any("UniformRSD" in line for line in lines)  # the study has no UniformRSD run
+    with_uniform = study()
+    with_uniform["runs"].append(run("uniform", {"delta": 2}, "chain:5", 4.0, 2.0, difference(-0.04, 0.02)))
+    lines = dominance(with_uniform)
+    # uniform (4.0, -0.04) beats delta=2 (3.8, -0.05) only: 1.1 and 1.5 score higher; none beats it (delta=3 is -0.10)
+    assert ("* chain:5: 0 of 1 UniformRSD points are matched or beaten on both tau and log-likelihood / token by a "
+            "COOL-SD point") in lines
+    assert ("* chain:5: 1 of 4 COOL-SD points are matched or beaten on both tau and log-likelihood / token by a "
+            "UniformRSD point") in lines
 
 
 def test_direction_of_better_follows_the_measure():

@@ -106,21 +106,27 @@ def comparisons(result: dict) -> list[str]:
     return lines
 
 
+FAMILY_NAMES = {"cool": "COOL-SD", "lantern": "LANTERN++", "uniform": "UniformRSD"}
+DOMINANCE_PAIRS = (("cool", "lantern"), ("lantern", "cool"), ("cool", "uniform"), ("uniform", "cool"))
+
+
 def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[str]:
-    """Per draft, the LANTERN++ points that some COOL-SD point matches or beats on both tau and ``measure``
-    (point estimates of the differences from Eagle-1)."""
+    """Per draft and ordered pair of families (a, b): the b points that some a point matches or beats on both
+    tau and ``measure`` (point estimates of the differences from Eagle-1). "a dominates b" needs every b point
+    beaten by a and no a point beaten by b, so both directions are counted."""
     lines = []
     for draft in result.get("drafts", []):
         runs = [r for r in result["runs"] if r["draft"] == draft and measure in r.get("vs_eagle", {})]
         value = {r["label"]: r["vs_eagle"][measure]["value"] * (1 if HIGHER_IS_BETTER[measure] else -1) for r in runs}
-        lantern = [r for r in runs if r["method"] == "lantern"]
-        cool = [r for r in runs if r["method"] == "cool"]
-        beaten = [r for r in lantern if any(c["tau"] >= r["tau"] and value[c["label"]] >= value[r["label"]]
-                                            for c in cool)]
-        if lantern:
-            lines.append(f"* {draft}: {len(beaten)} of {len(lantern)} LANTERN++ points are matched or beaten on "
-                         f"both tau and {NAMES[measure]} by a COOL-SD point")
-    return ["COOL-SD against LANTERN++ (point estimates):", ""] + lines if lines else []
+        for a, b in DOMINANCE_PAIRS:
+            winners = [r for r in runs if r["method"] == a]
+            beaten = [r for r in runs if r["method"] == b
+                      and any(w["tau"] >= r["tau"] and value[w["label"]] >= value[r["label"]] for w in winners)]
+            total = sum(r["method"] == b for r in runs)
+            if winners and total:
+                lines.append(f"* {draft}: {len(beaten)} of {total} {FAMILY_NAMES[b]} points are matched or beaten on "
+                             f"both tau and {NAMES[measure]} by a {FAMILY_NAMES[a]} point")
+    return ["Dominance (point estimates):", ""] + lines if lines else []
 
 
 def summary(result: dict) -> str:
