@@ -3,8 +3,10 @@
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from coolsd.core.params import PARAMS, check, shorten
 from coolsd.core.rules import omega_schedule
@@ -77,14 +79,21 @@ def test_linear_schedule_error_names_position_and_cause_and_the_way_out(nu, mu, 
         omega_schedule(2.0, fixed["nu"], fixed["mu"], depth, "linear")
 
 
+def blas_threads() -> set[int]:
+    """numpy's BLAS threads (the FID bootstrap's eigen-solves run there)."""
+    np.linalg.eigvalsh(np.eye(2))  # numpy loads its BLAS on import; this makes sure it is in use
+    return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+
 def test_threads_default_to_one_and_follow_the_environment(monkeypatch):
     before = torch.get_num_threads()
     try:
         monkeypatch.delenv("COOLSD_THREADS", raising=False)
         torch.set_num_threads(2)
-        assert set_threads() == 1 and torch.get_num_threads() == 1
+        threadpool_limits(limits=2, user_api="blas")
+        assert set_threads() == 1 and torch.get_num_threads() == 1 and blas_threads() == {1}
         monkeypatch.setenv("COOLSD_THREADS", "2")
-        assert set_threads() == 2 and torch.get_num_threads() == 2
+        assert set_threads() == 2 and torch.get_num_threads() == 2 and blas_threads() == {2}
         assert set_threads(1) == 1  # an explicit choice wins
         for bad in ("zero", "0", "-1"):
             monkeypatch.setenv("COOLSD_THREADS", bad)
@@ -92,3 +101,4 @@ def test_threads_default_to_one_and_follow_the_environment(monkeypatch):
                 set_threads()
     finally:
         torch.set_num_threads(before)
+        threadpool_limits(limits=before, user_api="blas")

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
+from threadpoolctl import threadpool_limits
 from torch import Tensor, nn
 
 from ..core.interface import ImageDecoder
@@ -29,9 +30,10 @@ DEFAULT_MODEL = ASSETS / "fashion"
 
 
 def set_threads(threads: int | None = None) -> int:
-    """Set torch's CPU threads: ``threads``, else ``COOLSD_THREADS``, else 1. One thread is the measured
-    fastest for our small models (torch's default, one per core, was up to 10x slower on a busy 2-core
-    machine), and it lets concurrent requests use one core each."""
+    """Set torch's CPU threads, and numpy's BLAS threads to match: ``threads``, else ``COOLSD_THREADS``, else 1.
+    One thread is the measured fastest for our small models (torch's default, one per core, was up to 10x slower
+    on a busy 2-core machine; numpy's BLAS, which the study's FID bootstrap uses, likewise), and it lets
+    concurrent requests use one core each."""
     if threads is None:
         text = os.environ.get("COOLSD_THREADS", "").strip()
         try:
@@ -40,6 +42,7 @@ def set_threads(threads: int | None = None) -> int:
             raise ValueError(f"COOLSD_THREADS must be a whole number >= 1, got {text[:40]!r}") from None
     threads = number("threads", threads, 1, integer=True)
     torch.set_num_threads(threads)
+    threadpool_limits(limits=threads, user_api="blas")
     return threads
 
 
