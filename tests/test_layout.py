@@ -17,7 +17,8 @@ PACKAGE = ROOT / "coolsd"
 # Which coolsd packages, and which third-party libraries, each package may import.
 ALLOWED = {
     "core": ({"core"}, {"torch", "numpy"}),
-    "models": ({"core", "models"}, {"torch", "numpy", "safetensors", "huggingface_hub", "transformers"}),
+    "models": ({"core", "models"}, {"torch", "numpy", "safetensors", "huggingface_hub", "transformers",
+                                    "threadpoolctl"}),
     "toy": ({"core", "models", "toy", "distill"}, {"torch", "numpy", "safetensors", "torchmetrics", "tqdm", "PIL"}),
     "distill": ({"core", "models", "distill"}, {"torch", "numpy", "safetensors", "tqdm"}),
     "app": ({"core", "models", "app"}, {"torch", "numpy", "matplotlib", "PIL"}),
