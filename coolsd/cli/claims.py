@@ -119,13 +119,12 @@ def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[s
         runs = [r for r in result["runs"] if r["draft"] == draft and measure in r.get("vs_eagle", {})]
         value = {r["label"]: r["vs_eagle"][measure]["value"] * (1 if HIGHER_IS_BETTER[measure] else -1) for r in runs}
         for a, b in DOMINANCE_PAIRS:
-            winners = [r for r in runs if r["method"] == a]
-            beaten = [r for r in runs if r["method"] == b
-                      and any(w["tau"] >= r["tau"] and value[w["label"]] >= value[r["label"]] for w in winners)]
-            total = sum(r["method"] == b for r in runs)
-            if winners and total:
-                lines.append(f"* {draft}: {len(beaten)} of {total} {FAMILY_NAMES[b]} points are matched or beaten on "
-                             f"both tau and {NAMES[measure]} by a {FAMILY_NAMES[a]} point")
+            winners, others = ([r for r in runs if r["method"] == family] for family in (a, b))
+            beaten = [r for r in others
+                      if any(w["tau"] >= r["tau"] and value[w["label"]] >= value[r["label"]] for w in winners)]
+            if winners and others:
+                lines.append(f"* {draft}: {len(beaten)} of {len(others)} {FAMILY_NAMES[b]} points are matched or "
+                             f"beaten on both tau and {NAMES[measure]} by a {FAMILY_NAMES[a]} point")
     return ["Dominance (point estimates):", ""] + lines if lines else []
 
 
