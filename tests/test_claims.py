@@ -2,9 +2,11 @@
 known, and on a real tiny study through ``bench --summary``."""
 
 import json
+from pathlib import Path
 
 from coolsd.cli import bench
-from coolsd.cli.claims import better, cool_relaxation, dominance, noise_floor, summary
+from coolsd.cli.claims import better, cool_relaxation, dominance, key_table, key_tables, noise_floor, summary
+from coolsd.models.bundle import DEFAULT_MODEL
 
 
 def difference(value, half):
@@ -16,8 +18,10 @@ def run(method, params, draft, tau, speedup, loglik, fid=None):
     if fid is not None:
         vs["fid"] = fid
     label = method + ":" + ",".join(f"{k}={v}" for k, v in params.items()) + f" @ {draft}"
+    absolute = {"log_likelihood_per_token": -3.0 + loglik["value"]} | ({"fid": 5.0 + fid["value"]} if fid else {})
     return {"method": method, "params": params, "draft": draft, "label": label, "tau": tau,
-            "speedup_vs_ar": speedup, "vs_eagle": vs, "eagle_baseline": f"eagle @ {draft}"}
+            "speedup_vs_ar": speedup, "vs_eagle": vs, "eagle_baseline": "eagle @ chain:5",
+            "relaxation_cost_mean": 2 * (tau - 3.0) if method not in ("ar", "eagle") else 0.0, **absolute}
 
 
 def study():
@@ -54,20 +58,54 @@ def test_smallest_resolved_delta_and_best_indistinguishable_setting():
 def test_dominance_counts_points_beaten_on_both_axes_in_both_directions():
     lines = dominance(study())
     # k=10 (tau 3.6, -0.05) is beaten by delta=2 (3.8, -0.05); k=20 (3.7, -0.01) by none (delta=2 is lower)
-    assert ("* chain:5: 1 of 2 LANTERN++ points are matched or beaten on both tau and log-likelihood / token by a "
-            "COOL-SD point") in lines
+    assert ("* chain:5: 1 of 2 LANTERN++ points are matched or beaten on both tau and log-likelihood gap to Eagle-1 "
+            "by a COOL-SD point") in lines
     # k=20 (3.7, -0.01) beats delta=1.1 (3.2, -0.01) and delta=1.5 (3.5, -0.015); nothing beats delta=2 or 3
-    assert ("* chain:5: 2 of 4 COOL-SD points are matched or beaten on both tau and log-likelihood / token by a "
-            "LANTERN++ point") in lines
+    assert ("* chain:5: 2 of 4 COOL-SD points are matched or beaten on both tau and log-likelihood gap to Eagle-1 "
+            "by a LANTERN++ point") in lines
     assert not any("UniformRSD" in line for line in lines)  # the study has no UniformRSD run
     with_uniform = study()
     with_uniform["runs"].append(run("uniform", {"delta": 2}, "chain:5", 4.0, 2.0, difference(-0.04, 0.02)))
     lines = dominance(with_uniform)
     # uniform (4.0, -0.04) beats delta=2 (3.8, -0.05) only: 1.1 and 1.5 score higher; none beats it (delta=3 is -0.10)
-    assert ("* chain:5: 0 of 1 UniformRSD points are matched or beaten on both tau and log-likelihood / token by a "
-            "COOL-SD point") in lines
-    assert ("* chain:5: 1 of 4 COOL-SD points are matched or beaten on both tau and log-likelihood / token by a "
-            "UniformRSD point") in lines
+    assert ("* chain:5: 0 of 1 UniformRSD points are matched or beaten on both tau and log-likelihood gap to Eagle-1 "
+            "by a COOL-SD point") in lines
+    assert ("* chain:5: 1 of 4 COOL-SD points are matched or beaten on both tau and log-likelihood gap to Eagle-1 "
+            "by a UniformRSD point") in lines
+    on_fid = dominance(study(), "fid")
+    # k=10 (3.6, FID +1.0) is beaten by delta=2 (3.8, +0.8); k=20 (3.7, +0.1) by none
+    assert on_fid[0] == "Dominance on tau and FID (point estimates):"
+    assert "* chain:5: 1 of 2 LANTERN++ points are matched or beaten on both tau and FID by a COOL-SD point" in on_fid
+    above = study()  # a LANTERN++ point ABOVE Eagle-1's log-likelihood departs from the target as much as one below
+    above["runs"].append(run("lantern", {"k": 30}, "chain:5", 4.5, 2.2, difference(0.08, 0.02)))
+    # it beats delta=3 (4.2, 0.10 away) but not delta=2 (3.8, 0.05 away): with the signed value it would beat all
+    assert ("* chain:5: 3 of 4 COOL-SD points are matched or beaten on both tau and log-likelihood gap to Eagle-1 "
+            "by a LANTERN++ point") in dominance(above)
+
+
+def test_key_table_rows_show_differences_from_eagle_with_resolved_ones_in_bold():
+    lines = key_table(study(), "chain:5")
+    assert lines[0] == "chain:5: Eagle-1 itself has tau 3.000, log-likelihood / token -3.000, FID 5.00."
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| configuration")]
+    assert [row.split(" | ")[0] for row in rows] == ["| ar", "| eagle"] + [
+        f"| cool:delta={d},nu=0.7,schedule=exp" for d in (1.1, 1.5, 2, 3)]  # the LANTERN++ runs lack lambda
+    assert rows[0] == "| ar | 1.000 | 1.00x | +0.004 [-0.006, +0.014] | -0.30 [-1.20, +0.60] | 0.00 |"
+    assert rows[1] == "| eagle | 3.000 | 1.50x |  |  | 0.00 |"
+    assert rows[4] == "| cool:delta=2,nu=0.7,schedule=exp | 3.800 | 1.90x | **-0.050 [-0.070, -0.030]** | " \
+                      "+0.80 [-0.10, +1.70] | 1.60 |"
+    assert rows[5].endswith("| **-0.100 [-0.120, -0.080]** | **+2.00 [+1.10, +2.90]** | 2.40 |")
+    assert key_table(study(), "tree:eagle25") == []  # no Eagle-1 on that draft
+
+
+def test_log_likelihood_gap_ranks_the_distance_from_eagle_either_side():
+    def records(values):
+        return [{"log_likelihood_per_token": v} for v in values]
+    eagle = records([-2.0, -2.2, -2.1, -1.9])
+    above = records([-1.9, -2.1, -2.0, -1.8])  # 0.1 above Eagle-1 on every image
+    below = records([-2.05, -2.25, -2.15, -1.95])  # 0.05 below
+    gap = bench.log_likelihood_gap(above, below, eagle, seed=0)
+    assert abs(gap["value"] - 0.05) < 1e-12 and abs(gap["low"] - 0.05) < 1e-12  # a signed difference: 0.15
+    assert abs(bench.log_likelihood_gap(below, above, eagle, seed=0)["value"] + 0.05) < 1e-12
 
 
 def test_direction_of_better_follows_the_measure():
@@ -85,4 +123,22 @@ def test_bench_writes_the_summary_of_a_real_study(tmp_path):
     ar = next(r for r in result["runs"] if r["method"] == "ar")["vs_eagle"]["log_likelihood_per_token"]
     assert f"{ar['value']:+.4f} [{ar['low']:+.4f}, {ar['high']:+.4f}]" in written
     # the schedule pair names COOL-SD in both columns, the two annealing pairs in one
-    assert written.count("| cool:delta=2,nu=0.3,schedule=") == 4 and written.count("| uniform:delta=2 |") == 2
+    means = {r["label"]: r["log_likelihood_per_token"] for r in result["runs"]}
+    for pair in result["comparisons"]:  # the gap ranks the distance from Eagle-1's value, either side
+        gap = abs(means[pair["a"]] - means["eagle"]) - abs(means[pair["b"]] - means["eagle"])
+        assert abs(pair["a_minus_b"]["log_likelihood_gap"]["value"] - gap) < 1e-9
+    pairs, key = written.split("Key configurations")
+    assert pairs.count("| cool:delta=2,nu=0.3,schedule=") == 4 and pairs.count("| uniform:delta=2 |") == 2
+    # the key table: AR, Eagle-1, then the KEY_ROWS runs (the linear schedule is not one)
+    assert [line.split(" | ")[0] for line in key.splitlines() if line.startswith("| ") and "---" not in line][1:] == [
+        "| ar", "| eagle", "| cool:delta=2,nu=0.3,schedule=exp", "| uniform:delta=2"]
+
+
+def test_the_shipped_summary_and_the_readme_tables_are_the_shipped_study_s():
+    """The summary file and the README's key tables are what the shipped study JSON gives today: a rerun of
+    the study command that changes the numbers cannot leave stale ones in the README."""
+    result = json.loads((DEFAULT_MODEL / "bench_results.json").read_text())
+    assert (DEFAULT_MODEL / "study_summary.md").read_text() == summary(result)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = [line for line in key_tables(result) if line.startswith("|")]
+    assert len(rows) > 30 and [row for row in rows if row not in readme] == []

@@ -303,8 +303,11 @@ def summarise_study(bench: Bench, keep_images: bool) -> dict:
             run["eagle_baseline"] = configurations[eagle].label
     comparisons = [{"a": configurations[a].label, "b": configurations[b].label, "draft": configurations[a].draft,
                     "differs_in": aspect,
-                    "a_minus_b": paired_differences(samples[a], samples[b], timings[a], timings[b], timings[ar],
-                                                    bundle.quality, study.seed)}
+                    "a_minus_b": {**paired_differences(samples[a], samples[b], timings[a], timings[b], timings[ar],
+                                                       bundle.quality, study.seed),
+                                  "log_likelihood_gap": log_likelihood_gap(samples[a], samples[b],
+                                                                           samples[eagle_baseline(configurations, a)],
+                                                                           study.seed)}}
                    for a, b, aspect in paired_configurations(configurations)]
     judge_size = getattr(bundle.quality, "num_features", None)
     return {"model": bundle.name, "device": str(bundle.device), "dtype": str(next(bundle.target.parameters()).dtype),
@@ -357,6 +360,15 @@ def paired_differences(samples: list[dict], eagle: list[dict], timings: list[dic
     if "judge_correct" in samples[0] and "judge_correct" in eagle[0]:
         out.update(judge_differences(samples, eagle, quality, seed))
     return out
+
+
+def log_likelihood_gap(a: list[dict], b: list[dict], eagle: list[dict], seed: int) -> dict:
+    """How much farther a's mean log-likelihood per token lies from Eagle-1's than b's, either side, with a
+    paired interval. A lossless method has Eagle-1's value; a relaxed one can move it down (less likely tokens)
+    or up (mode seeking), and both are departures from the target, so the signed difference cannot rank a and b."""
+    a_ll, b_ll, eagle_ll = (column(s, "log_likelihood_per_token") for s in (a, b, eagle))
+    return bootstrap_interval(len(a_ll), lambda i: abs(a_ll[i].mean() - eagle_ll[i].mean())
+                              - abs(b_ll[i].mean() - eagle_ll[i].mean()), seed=seed)
 
 
 def judge_differences(samples: list[dict], eagle: list[dict], quality, seed: int) -> dict:

@@ -5,9 +5,12 @@ Every number is read from the study's JSON; nothing here measures anything."""
 from __future__ import annotations
 
 QUALITY = ("log_likelihood_per_token", "fid", "judge_accuracy")
-HIGHER_IS_BETTER = {"log_likelihood_per_token": True, "fid": False, "judge_accuracy": True, "tau": True}
+# A relaxed method can move the target's log-likelihood of its tokens either way from Eagle-1's (down: less
+# likely tokens; up: mode seeking); both depart from the target, so comparisons rank the distance, not the sign.
+HIGHER_IS_BETTER = {"log_likelihood_gap": False, "fid": False, "judge_accuracy": True, "tau": True}
 NAMES = {"log_likelihood_per_token": "log-likelihood / token", "fid": "FID", "judge_accuracy": "class consistency",
-         "tau": "tau"}
+         "tau": "tau", "log_likelihood_gap": "log-likelihood gap to Eagle-1"}
+COMPARED = {"log_likelihood_per_token": "log_likelihood_gap"}  # what a comparison of two configurations ranks
 ASPECTS = {"residual": "G* against the heuristic residual (LANTERN++, a = the first residual listed)",
            "schedule": "exponential against linear decay (COOL-SD, a = the first schedule listed)",
            "annealing": "COOL-SD (annealed) against UniformRSD at the same delta"}
@@ -86,7 +89,7 @@ def cool_relaxation(result: dict) -> list[str]:
 def comparisons(result: dict) -> list[str]:
     """Each pair behind a claim, and per claim and measure how many pairs favour a, favour b, or are not
     resolved."""
-    quality = ["tau"] + measures(result)
+    quality = ["tau"] + [COMPARED.get(m, m) for m in measures(result)]
     lines = []
     for aspect, title in ASPECTS.items():
         pairs = [c for c in result.get("comparisons", []) if c["differs_in"] == aspect]
@@ -110,25 +113,82 @@ FAMILY_NAMES = {"cool": "COOL-SD", "lantern": "LANTERN++", "uniform": "UniformRS
 DOMINANCE_PAIRS = (("cool", "lantern"), ("lantern", "cool"), ("cool", "uniform"), ("uniform", "cool"))
 
 
+def score(difference: float, measure: str) -> float:
+    """Higher is better: minus the distance from Eagle-1 for the log-likelihood, else the signed difference."""
+    if measure == "log_likelihood_per_token":
+        return -abs(difference)
+    return difference if HIGHER_IS_BETTER[measure] else -difference
+
+
 def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[str]:
     """Per draft and ordered pair of families (a, b): the b points that some a point matches or beats on both
-    tau and ``measure`` (point estimates of the differences from Eagle-1). "a dominates b" needs every b point
-    beaten by a and no a point beaten by b, so both directions are counted."""
+    tau and ``measure`` (point estimates of the differences from Eagle-1; for the log-likelihood, the distance
+    either way). "a dominates b" needs every b point beaten by a and no a point beaten by b, so both directions
+    are counted."""
     lines = []
     for draft in result.get("drafts", []):
         runs = [r for r in result["runs"] if r["draft"] == draft and measure in r.get("vs_eagle", {})]
-        value = {r["label"]: r["vs_eagle"][measure]["value"] * (1 if HIGHER_IS_BETTER[measure] else -1) for r in runs}
+        value = {r["label"]: score(r["vs_eagle"][measure]["value"], measure) for r in runs}
         for a, b in DOMINANCE_PAIRS:
             winners, others = ([r for r in runs if r["method"] == family] for family in (a, b))
             beaten = [r for r in others
                       if any(w["tau"] >= r["tau"] and value[w["label"]] >= value[r["label"]] for w in winners)]
             if winners and others:
                 lines.append(f"* {draft}: {len(beaten)} of {len(others)} {FAMILY_NAMES[b]} points are matched or "
-                             f"beaten on both tau and {NAMES[measure]} by a {FAMILY_NAMES[a]} point")
-    return ["Dominance (point estimates):", ""] + lines if lines else []
+                             f"beaten on both tau and {NAMES[COMPARED.get(measure, measure)]} by a "
+                             f"{FAMILY_NAMES[a]} point")
+    title = f"Dominance on tau and {NAMES[COMPARED.get(measure, measure)]} (point estimates):"
+    return [title, ""] + lines if lines else []
+
+
+# The rows of the key tables (README "Results"): a method and the parameters a run must have; every other run
+# is in the CSV and the figures.
+KEY_ROWS = (("ar", {}), ("eagle", {}), ("cool", {"nu": 0.7, "schedule": "exp"}),
+            ("cool", {"nu": 0.3, "schedule": "exp"}), ("uniform", {}), ("lantern", {"k": 5, "lambda": 2}),
+            ("lantern", {"k": 10, "lambda": 5}))
+
+
+def key_runs(result: dict, draft: str) -> list[dict]:
+    """The KEY_ROWS runs on ``draft`` in that order (AR when its differences are from this draft's Eagle-1)."""
+    eagle = next((r["label"] for r in result["runs"] if r["method"] == "eagle" and r["draft"] == draft), None)
+    runs = [r for r in result["runs"] if r.get("eagle_baseline") == eagle and (r["draft"] == draft or
+                                                                               r["method"] == "ar")]
+    return [r for method, wanted in KEY_ROWS for r in runs
+            if r["method"] == method and all(r["params"].get(k) == v for k, v in wanted.items())]
+
+
+def difference_cell(difference: dict, digits: int) -> str:
+    """``+0.012 [-0.003, +0.027]``, in bold when the interval excludes zero."""
+    text = f"{difference['value']:+.{digits}f} [{difference['low']:+.{digits}f}, {difference['high']:+.{digits}f}]"
+    return f"**{text}**" if resolved(difference) else text
+
+
+def key_table(result: dict, draft: str) -> list[str]:
+    """One draft's key configurations: tau, speed-up over AR, each quality measure minus Eagle-1's on the same
+    images with its paired 95% interval (bold: resolved), and the relaxation cost."""
+    runs = key_runs(result, draft)
+    eagle = next((r for r in runs if r["method"] == "eagle"), None)
+    if eagle is None:
+        return []
+    quality, digits = measures(result), {"log_likelihood_per_token": 3, "fid": 2, "judge_accuracy": 3}
+    itself = ", ".join(f"{NAMES[m]} {eagle[m]:.{digits[m]}f}" for m in quality if m in eagle)
+    lines = [f"{draft}: Eagle-1 itself has tau {eagle['tau']:.3f}, {itself}.", "",
+             "| configuration | tau | speed-up over AR | " + " | ".join(f"{NAMES[m]} minus Eagle-1's" for m in quality)
+             + " | relaxation cost |", "|---" * (4 + len(quality)) + "|"]
+    for run in runs:
+        cells = ["" if run is eagle else difference_cell(run["vs_eagle"][m], digits[m]) for m in quality]
+        lines.append(f"| {run['label'].split(' @ ')[0]} | {run['tau']:.3f} | {run['speedup_vs_ar']:.2f}x | "
+                     + " | ".join(cells) + f" | {run['relaxation_cost_mean']:.2f} |")
+    return lines + [""]
+
+
+def key_tables(result: dict) -> list[str]:
+    tables = [line for draft in result.get("drafts", []) for line in key_table(result, draft)]
+    return ["Key configurations (value [95% interval]; bold: the interval excludes 0):", ""] + tables if tables else []
 
 
 def summary(result: dict) -> str:
     """The study's summary in Markdown."""
-    parts = [noise_floor(result), cool_relaxation(result), comparisons(result), dominance(result)]
+    parts = [noise_floor(result), cool_relaxation(result), comparisons(result),
+             *(dominance(result, m) for m in measures(result) if m != "judge_accuracy"), key_tables(result)]
     return "\n".join(line for part in parts for line in part + [""])
