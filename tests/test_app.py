@@ -336,18 +336,21 @@ def test_tradeoff_stars_only_the_measured_setting():
     def expected(label):
         return bench[label]["tau"], bench[label]["fid"]
 
-    assert point("COOL-SD", delta=2.0) == expected("cool:delta=2")
-    assert point("COOL-SD", delta=2.0, nu=0.3) == expected("cool:delta=2,nu=0.3,schedule=exp")
-    assert point("COOL-SD", delta=2.0, nu=0.3, schedule="linear") == expected("cool:delta=2,nu=0.3,schedule=linear")
+    chain, tree = " @ chain:5", " @ tree:eagle25"  # the shipped study's labels name the draft
+    assert point("COOL-SD", delta=2.0) == expected("cool:delta=2,nu=0.7,schedule=exp" + chain)
+    assert point("COOL-SD", delta=2.0, draft="tree:eagle25") == expected("cool:delta=2,nu=0.7,schedule=exp" + tree)
+    assert point("COOL-SD", delta=2.0, nu=0.3) == expected("cool:delta=2,nu=0.3,schedule=exp" + chain)
+    assert point("COOL-SD", delta=2.0, nu=0.3, schedule="linear") == expected(
+        "cool:delta=2,nu=0.3,schedule=linear" + chain)
     assert point("COOL-SD", delta=2.0, nu=0.5) is None
-    assert point("COOL-SD", delta=2.0, draft="tree:eagle25") is None
+    assert point("COOL-SD", delta=2.0, draft="tree:wide57") is None
     assert point("COOL-SD", delta=2.0, cfg=3.0) is None
-    assert point("LANTERN++ with G*", k=10, lam=5.0) == expected("lantern:k=10,lambda=5,residual=gstar")
-    assert point("LANTERN++", k=10, lam=5.0) == expected("lantern:k=10,lambda=5,residual=lantern")
+    assert point("LANTERN++ with G*", k=10, lam=5.0) == expected("lantern:k=10,lambda=5,residual=gstar" + chain)
+    assert point("LANTERN++", k=10, lam=5.0) == expected("lantern:k=10,lambda=5,residual=lantern" + chain)
     assert point("AR (no drafting)") == expected("ar")
     assert {plots.family(run) for run in bench.values()} == {
-        "ar", "eagle", "cool", "cool (nu=0.3, schedule=exp)", "cool (nu=0.3, schedule=linear)", "uniform",
-        "lantern (residual=gstar)", "lantern (residual=lantern)"}
+        "ar", "eagle", "cool (nu=0.7, schedule=exp)", "cool (nu=0.3, schedule=exp)", "cool (nu=0.3, schedule=linear)",
+        "uniform", "lantern (residual=gstar)", "lantern (residual=lantern)"}
 
 
 def test_tradeoff_of_a_study_shows_differences_from_eagle_and_stars_the_setting(monkeypatch):
@@ -369,6 +372,19 @@ def test_tradeoff_of_a_study_shows_differences_from_eagle_and_stars_the_setting(
     assert len(stars) == 1 and stars[0].axes is tree
     assert (list(stars[0].get_xdata()), list(stars[0].get_ydata())) == ([4.3], [1.5])
     assert views.tradeoff_figure(app.BUNDLE, None, "fid").axes[0].get_ylabel().startswith("judge-FID minus")
+
+
+@pytest.mark.parametrize("metric", [metric for _, metric in app.QUALITY_AXES])
+def test_every_quality_axis_draws_every_run_of_the_shipped_study(metric):
+    """Each quality measure the tab offers draws, in each draft's panel, one point with an interval bar for
+    every run of the shipped study on that draft."""
+    study = views.load_bench(app.BUNDLE)
+    fig = views.tradeoff_figure(app.BUNDLE, None, metric)
+    for draft in study["drafts"]:
+        ax = next(ax for ax in fig.axes if ax.get_title() == draft)
+        drawn = sorted(x for container in ax.containers for x in container.lines[0].get_xdata())
+        expected = sorted(run["tau"] for run in study["runs"] if run["draft"] == draft and metric in run["vs_eagle"])
+        assert len(expected) >= 40 and drawn == expected
 
 
 @pytest.mark.parametrize("at_once", [True, False])

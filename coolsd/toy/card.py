@@ -134,12 +134,9 @@ for stage in judge tokenizer target drafter export; do python -m coolsd.train $s
 {drafter_command}
 cp runs/drafter-fashion/drafter.safetensors assets/fashion/  # the self-distilled drafter replaces the stage's
 python -m coolsd.card --samples-per-class 100 --eagle-images 200
-python -m coolsd.bench --threads 1 --images 200 --draft chain:5 --out assets/fashion/bench_results.json \\
-  --methods ar eagle cool:delta=1.1 cool:delta=1.5 cool:delta=2 cool:delta=3 \\
-  uniform:delta=1.1 uniform:delta=1.5 uniform:delta=2 uniform:delta=3 \\
-  lantern:k=5,lambda=2,residual=lantern lantern:k=5,lambda=2,residual=gstar \\
-  lantern:k=10,lambda=5,residual=lantern lantern:k=10,lambda=5,residual=gstar \\
-  cool:delta=2,nu=0.3,schedule=exp cool:delta=2,nu=0.3,schedule=linear
+python -m torch.distributed.run --standalone --nproc_per_node 2 -m coolsd.bench --preset paper --images 1000 \\
+  --latency-images 200 --work runs/paper --threads 1 --out assets/fashion/bench_results.json \\
+  --csv assets/fashion/bench_results.csv --plots assets/fashion/study --summary assets/fashion/study_summary.md
 ```
 """
 
