@@ -16,8 +16,8 @@ ASPECTS = {"residual": "G* against the heuristic residual (LANTERN++, a = the fi
            "annealing": "COOL-SD (annealed) against UniformRSD at the same delta"}
 
 
-def shown(difference: dict) -> str:
-    return f"{difference['value']:+.4f} [{difference['low']:+.4f}, {difference['high']:+.4f}]"
+def shown(difference: dict, digits: int = 4) -> str:
+    return f"{difference['value']:+.{digits}f} [{difference['low']:+.{digits}f}, {difference['high']:+.{digits}f}]"
 
 
 def resolved(difference: dict) -> bool:
@@ -114,8 +114,9 @@ DOMINANCE_PAIRS = (("cool", "lantern"), ("lantern", "cool"), ("cool", "uniform")
 
 
 def score(difference: float, measure: str) -> float:
-    """Higher is better: minus the distance from Eagle-1 for the log-likelihood, else the signed difference."""
-    if measure == "log_likelihood_per_token":
+    """Higher is better: minus the distance from Eagle-1 for a measure ranked by distance (COMPARED), else the
+    signed difference."""
+    if measure in COMPARED:
         return -abs(difference)
     return difference if HIGHER_IS_BETTER[measure] else -difference
 
@@ -125,7 +126,7 @@ def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[s
     tau and ``measure`` (point estimates of the differences from Eagle-1; for the log-likelihood, the distance
     either way). "a dominates b" needs every b point beaten by a and no a point beaten by b, so both directions
     are counted."""
-    lines = []
+    lines, name = [], NAMES[COMPARED.get(measure, measure)]
     for draft in result.get("drafts", []):
         runs = [r for r in result["runs"] if r["draft"] == draft and measure in r.get("vs_eagle", {})]
         value = {r["label"]: score(r["vs_eagle"][measure]["value"], measure) for r in runs}
@@ -135,10 +136,8 @@ def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[s
                       if any(w["tau"] >= r["tau"] and value[w["label"]] >= value[r["label"]] for w in winners)]
             if winners and others:
                 lines.append(f"* {draft}: {len(beaten)} of {len(others)} {FAMILY_NAMES[b]} points are matched or "
-                             f"beaten on both tau and {NAMES[COMPARED.get(measure, measure)]} by a "
-                             f"{FAMILY_NAMES[a]} point")
-    title = f"Dominance on tau and {NAMES[COMPARED.get(measure, measure)]} (point estimates):"
-    return [title, ""] + lines if lines else []
+                             f"beaten on both tau and {name} by a {FAMILY_NAMES[a]} point")
+    return [f"Dominance on tau and {name} (point estimates):", ""] + lines if lines else []
 
 
 # The rows of the key tables (README "Results"): a method and the parameters a run must have; every other run
@@ -158,9 +157,8 @@ def key_runs(result: dict, draft: str) -> list[dict]:
 
 
 def difference_cell(difference: dict, digits: int) -> str:
-    """``+0.012 [-0.003, +0.027]``, in bold when the interval excludes zero."""
-    text = f"{difference['value']:+.{digits}f} [{difference['low']:+.{digits}f}, {difference['high']:+.{digits}f}]"
-    return f"**{text}**" if resolved(difference) else text
+    """:func:`shown`, in bold when the interval excludes zero."""
+    return f"**{shown(difference, digits)}**" if resolved(difference) else shown(difference, digits)
 
 
 def key_table(result: dict, draft: str) -> list[str]:
