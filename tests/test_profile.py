@@ -6,6 +6,7 @@ import json
 import torch
 
 from coolsd.cli import bench
+from coolsd.models.bundle import random_bundle
 
 PARTS = ["ar_step", "verify chain:5", "drafting chain:5", "acceptance chain:5", "verify tree:eagle25",
          "drafting tree:eagle25", "acceptance tree:eagle25", "verify tree:wide57", "drafting tree:wide57",
@@ -27,11 +28,47 @@ def test_profile_reports_every_part_and_the_speedups_they_imply(tmp_path, capsys
         row = result["implied"][spec]
         assert abs(row["round_over_ar_step"] - round_s / seconds["ar_step"]) < 1e-9
         assert abs(row["at tau 3.34 (COOL-SD delta=2)"] - 3.34 * seconds["ar_step"] / round_s) < 1e-9
+    # the weight matmuls each part makes, counted from the architecture: every Linear once per forward
+    tiny = random_bundle("tiny", device="cpu")
+    target_linears = sum(isinstance(m, torch.nn.Linear) for m in tiny.target.modules())
+    drafter_linears = sum(isinstance(m, torch.nn.Linear) for m in tiny.drafter.modules())
+    assert target_linears == 5 * tiny.config.n_layer + 1 and drafter_linears == 6
+    calls = {name: part["matmul_calls"] for name, part in result["parts"].items()}
+    assert calls["ar_step"] == calls["verify chain:5"] == calls["verify tree:wide57"] == target_linears
+    # chain:5: a catch-up forward and 4 level forwards of the drafter, and 5 draft heads (the target's output)
+    assert calls["drafting chain:5"] == 5 * drafter_linears + 5 and calls["acceptance chain:5"] == 0
+    for part in result["parts"].values():
+        assert part["matmul_s"] >= 0
+    assert 0 < result["parts"]["drafting chain:5"]["matmul_s"] < seconds["drafting chain:5"]
+    matmul = {name: part["matmul_s"] for name, part in result["parts"].items()}
+    for spec in ("chain:5", "tree:eagle25", "tree:wide57"):
+        row = result["ceiling"][spec]
+        round_s = seconds[f"verify {spec}"] + matmul[f"drafting {spec}"] + seconds[f"acceptance {spec}"]
+        assert abs(row["round_over_ar_step"] - round_s / seconds["ar_step"]) < 1e-9
+        assert abs(row["at tau 2.42 (Eagle-1)"] - 2.42 * seconds["ar_step"] / round_s) < 1e-9
+        fused = matmul[f"verify {spec}"] + matmul[f"drafting {spec}"] + matmul[f"acceptance {spec}"]
+        assert abs(row["matmuls_only_round_over_ar_step"] - fused / matmul["ar_step"]) < 1e-9
+        assert row["round_over_ar_step"] <= result["implied"][spec]["round_over_ar_step"]
     measured = result["measured"]
     assert set(measured) == {"AR", "Eagle-1 chain:5", "COOL-SD delta=2 chain:5"} and measured["AR"]["tau"] == 1.0
     assert measured["Eagle-1 chain:5"]["tau"] > 1.0
     printed = capsys.readouterr().out
-    assert "implied at tau 2.42" in printed and "whole images (measured)" in printed
+    assert "implied at tau 2.42" in printed and "whole images (measured)" in printed and "Ceiling" in printed
+
+
+def test_matmul_seconds_replays_exactly_the_linear_calls_of_a_step():
+    """Direct calls and Linear modules are both recorded; other operations are not, and the step runs once."""
+    from coolsd.cli.profile import matmul_seconds
+
+    layer, x, ran = torch.nn.Linear(8, 4), torch.randn(2, 8), []
+
+    def step():
+        ran.append(1)
+        hidden = torch.nn.functional.linear(x, torch.ones(4, 8)).relu()
+        return layer(torch.cat([hidden, hidden], dim=-1)) @ torch.ones(4, 3) + layer.bias.sum()
+
+    result = matmul_seconds(step, repeats=3)
+    assert result["matmul_calls"] == 2 and result["matmul_s"] > 0 and len(ran) == 1
 
 
 def test_random_init_offers_llamagen_shapes_read_without_weights():

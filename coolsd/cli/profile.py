@@ -5,7 +5,8 @@ up on the accepted tokens, then one step per draft level) and the host-side acce
 tokens on average, where AR emits one per step. So the speed-up over AR implied by the parts is
 ``tau * ar_step / (verify + drafting + acceptance)``: below
 ``tau`` by exactly what a round costs beyond one AR step. Every part is timed after warm-up, as the median
-with its quartiles over repeats.
+with its quartiles over repeats. On a CPU each part's weight matrix multiplies are also timed alone, which
+bounds what a cheaper drafting step could give (:func:`ceiling`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from ..core.decode import State, draft, generate, to_host
 from ..core.rules import AR, CoolSD, Eagle
@@ -32,10 +35,44 @@ DRAFTS = ("chain:5", "tree:eagle25", "tree:wide57")
 
 
 def timed(step: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> dict:
-    """Median and quartiles (seconds) of ``step`` over ``repeats`` runs after ``warmup`` untimed ones."""
+    """Median and quartiles (seconds) of ``step`` over ``repeats`` runs after ``warmup`` untimed ones; on a CPU
+    also the mean seconds spent inside its weight matrix multiplies (:func:`matmul_seconds`)."""
     seconds = time_calls(step, repeats, warmup, device)
-    return {"median_s": statistics.median(seconds), "iqr_s": [float(np.percentile(seconds, q)) for q in (25, 75)],
+    part = {"median_s": statistics.median(seconds), "iqr_s": [float(np.percentile(seconds, q)) for q in (25, 75)],
             "repeats": repeats}
+    if device.type == "cpu":
+        part.update(matmul_seconds(step, repeats))
+    return part
+
+
+class LinearCalls(TorchFunctionMode):
+    """Records the arguments of every ``F.linear`` call made inside it (the weight matrix multiplies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            self.calls.append((args, kwargs))
+        return func(*args, **kwargs)
+
+
+def matmul_seconds(step: Callable[[], object], repeats: int) -> dict:
+    """The median seconds of ``step``'s weight matrix multiplies replayed alone, in order, and their count. That
+    arithmetic is paid by any implementation; the rest of a part is per-operation work (Python, dispatch,
+    small kernels) that only a fused step could remove. The replay's own loop is included, so this errs high."""
+    with LinearCalls() as recorded:
+        step()
+    calls = recorded.calls
+
+    def replay():
+        with torch.inference_mode():
+            for args, kwargs in calls:
+                F.linear(*args, **kwargs)
+    seconds = time_calls(replay, repeats, 1, torch.device("cpu"))
+    return {"matmul_s": statistics.median(seconds), "matmul_calls": len(calls)}
 
 
 class Setting:
@@ -180,6 +217,7 @@ def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup:
     parts["image_decode"] = timed(lambda: bundle.image(tokens), max(3, repeats // 4), 1, device)
     return {"model": bundle.name, "device": device_name(device), "dtype": str(bundle.dtype).removeprefix("torch."),
             "steps": bundle.steps, "threads": torch.get_num_threads(), "parts": parts, "implied": implied(parts),
+            "ceiling": ceiling(parts) if bundle.drafter is not None and device.type == "cpu" else {},
             "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None and images else {}}
 
 
@@ -201,21 +239,49 @@ def implied(parts: dict) -> dict:
     return out
 
 
+def ceiling(parts: dict) -> dict:
+    """Per draft, the implied speed-up if drafting cost only its matrix multiplies (the drafter's arithmetic)
+    while the target's steps stay as measured: no cheaper drafting step passes it on this machine. Also the
+    round when every part costs only its matrix multiplies, in AR steps that do too (a fully fused limit)."""
+    ar = parts["ar_step"]
+    out = {}
+    for spec in DRAFTS:
+        verify, drafting_part, accept = (parts[f"{name} {spec}"] for name in ("verify", "drafting", "acceptance"))
+        round_s = verify["median_s"] + drafting_part["matmul_s"] + accept["median_s"]
+        fused_s = verify["matmul_s"] + drafting_part["matmul_s"] + accept["matmul_s"]
+        out[spec] = {"drafting_matmul_share": drafting_part["matmul_s"] / drafting_part["median_s"],
+                     "round_over_ar_step": round_s / ar["median_s"],
+                     **{f"at tau {tau} ({name})": tau * ar["median_s"] / round_s for name, tau in PAPER_TAUS.items()},
+                     "matmuls_only_round_over_ar_step": fused_s / ar["matmul_s"]}
+    return out
+
+
 def format_profile(result: dict) -> str:
     """A Markdown summary: measured parts (ms, and in AR steps), implied and measured speed-ups."""
     ar = result["parts"]["ar_step"]["median_s"]
+    matmuls = "matmul_s" in result["parts"]["ar_step"]
     lines = [f"### Profile: {result['model']} on {result['device']} ({result['dtype']}, steps {result['steps']}, "
-             f"{result['threads']} CPU thread(s))", "", "| part (measured) | median ms | quartiles ms | / AR step |",
-             "|---|---|---|---|"]
+             f"{result['threads']} CPU thread(s))", "", "| part (measured) | median ms | quartiles ms | / AR step |"
+             + (" in matmuls ms |" if matmuls else ""), "|---|---|---|---|" + ("---|" if matmuls else "")]
     for name, part in result["parts"].items():
         low, high = part["iqr_s"]
         lines.append(f"| {name} | {1000 * part['median_s']:.3f} | {1000 * low:.3f}-{1000 * high:.3f} | "
-                     f"{part['median_s'] / ar:.2f} |")
-    lines += ["", "| draft | round / AR step | " + " | ".join(f"implied at tau {t}" for t in PAPER_TAUS.values())
-              + " |", "|---" * (2 + len(PAPER_TAUS)) + "|"]
+                     f"{part['median_s'] / ar:.2f} |" + (f" {1000 * part['matmul_s']:.3f} |" if matmuls else ""))
+    taus = " | ".join(f"implied at tau {t}" for t in PAPER_TAUS.values())
+    lines += ["", f"| draft | round / AR step | {taus} |", "|---" * (2 + len(PAPER_TAUS)) + "|"]
     for spec, row in result["implied"].items():
         values = [v for k, v in row.items() if k.startswith("at tau")]
         lines.append(f"| {spec} | {row['round_over_ar_step']:.2f} | " + " | ".join(f"{v:.2f}x" for v in values) + " |")
+    if result.get("ceiling"):
+        lines += ["", "Ceiling: the round with drafting reduced to its matrix multiplies (last column: every part "
+                  "and the AR step reduced to theirs).", "",
+                  f"| draft | drafting in matmuls | round / AR step | {taus} | all at matmuls: round / AR step |",
+                  "|---" * (4 + len(PAPER_TAUS)) + "|"]
+        for spec, row in result["ceiling"].items():
+            values = [v for k, v in row.items() if k.startswith("at tau")]
+            lines.append(f"| {spec} | {100 * row['drafting_matmul_share']:.0f}% | {row['round_over_ar_step']:.2f} | "
+                         + " | ".join(f"{v:.2f}x" for v in values)
+                         + f" | {row['matmuls_only_round_over_ar_step']:.2f} |")
     if result["measured"]:
         lines += ["", "| whole images (measured) | latency ms | tau | speed-up vs AR |", "|---|---|---|---|"]
         lines += [f"| {name} | {1000 * v['latency_median_s']:.1f} | {v['tau']:.2f} | {v['speedup_vs_ar']:.2f}x |"
