@@ -36,7 +36,7 @@ DRAFTS = ("chain:5", "tree:eagle25", "tree:wide57")
 
 def timed(step: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> dict:
     """Median and quartiles (seconds) of ``step`` over ``repeats`` runs after ``warmup`` untimed ones; on a CPU
-    also the mean seconds spent inside its weight matrix multiplies (:func:`matmul_seconds`)."""
+    also the seconds its weight matrix multiplies take alone (:func:`matmul_seconds`)."""
     seconds = time_calls(step, repeats, warmup, device)
     part = {"median_s": statistics.median(seconds), "iqr_s": [float(np.percentile(seconds, q)) for q in (25, 75)],
             "repeats": repeats}
@@ -241,8 +241,8 @@ def implied(parts: dict) -> dict:
 
 def ceiling(parts: dict) -> dict:
     """Per draft, the implied speed-up if drafting cost only its matrix multiplies (the drafter's arithmetic)
-    while the target's steps stay as measured: no cheaper drafting step passes it on this machine. Also the
-    round when every part costs only its matrix multiplies, in AR steps that do too (a fully fused limit)."""
+    while the target's steps stay as measured: what a drafting step with no per-operation work would give. Also
+    the round when every part costs only its matrix multiplies, in AR steps that do too (a fully fused limit)."""
     ar = parts["ar_step"]
     out = {}
     for spec in DRAFTS:
@@ -254,6 +254,11 @@ def ceiling(parts: dict) -> dict:
                      **{f"at tau {tau} ({name})": tau * ar["median_s"] / round_s for name, tau in PAPER_TAUS.items()},
                      "matmuls_only_round_over_ar_step": fused_s / ar["matmul_s"]}
     return out
+
+
+def speedup_cells(row: dict) -> str:
+    """A row's implied speed-ups at the paper's tau, as Markdown cells."""
+    return " | ".join(f"{value:.2f}x" for key, value in row.items() if key.startswith("at tau"))
 
 
 def format_profile(result: dict) -> str:
@@ -270,18 +275,15 @@ def format_profile(result: dict) -> str:
     taus = " | ".join(f"implied at tau {t}" for t in PAPER_TAUS.values())
     lines += ["", f"| draft | round / AR step | {taus} |", "|---" * (2 + len(PAPER_TAUS)) + "|"]
     for spec, row in result["implied"].items():
-        values = [v for k, v in row.items() if k.startswith("at tau")]
-        lines.append(f"| {spec} | {row['round_over_ar_step']:.2f} | " + " | ".join(f"{v:.2f}x" for v in values) + " |")
+        lines.append(f"| {spec} | {row['round_over_ar_step']:.2f} | {speedup_cells(row)} |")
     if result.get("ceiling"):
         lines += ["", "Ceiling: the round with drafting reduced to its matrix multiplies (last column: every part "
                   "and the AR step reduced to theirs).", "",
                   f"| draft | drafting in matmuls | round / AR step | {taus} | all at matmuls: round / AR step |",
                   "|---" * (4 + len(PAPER_TAUS)) + "|"]
         for spec, row in result["ceiling"].items():
-            values = [v for k, v in row.items() if k.startswith("at tau")]
             lines.append(f"| {spec} | {100 * row['drafting_matmul_share']:.0f}% | {row['round_over_ar_step']:.2f} | "
-                         + " | ".join(f"{v:.2f}x" for v in values)
-                         + f" | {row['matmuls_only_round_over_ar_step']:.2f} |")
+                         f"{speedup_cells(row)} | {row['matmuls_only_round_over_ar_step']:.2f} |")
     if result["measured"]:
         lines += ["", "| whole images (measured) | latency ms | tau | speed-up vs AR |", "|---|---|---|---|"]
         lines += [f"| {name} | {1000 * v['latency_median_s']:.1f} | {v['tau']:.2f} | {v['speedup_vs_ar']:.2f}x |"
