@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import named
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -146,6 +147,23 @@ def test_replay_explains_its_colours(figures):
 def test_acceptance_map_lists_only_the_colours_it_uses(figures):
     labels = [t.get_text() for legend in legends(figures["map_ar"]) for t in legend.get_texts()]
     assert labels == ["1st / AR: target"]
+
+
+def test_image_figures_show_the_image_at_its_brightness(runs, caplog):
+    """The acceptance map (dimmed to 0.55) and the replay show the picture itself: matplotlib shows a float RGB
+    array only in [0, 1] and clips the rest to white, so a 0-255 float picture would come out white."""
+    image = np.zeros((32, 32, 3), dtype=np.uint8)
+    image[:, :16] = 200  # a bright left half on black
+    cool, grid = runs["made"]["cool"].stats, runs["grid"]
+    with caplog.at_level("WARNING", logger="matplotlib"):
+        for fig, dim in ((plots.acceptance_map(image, cool, grid, "COOL-SD"), 0.55),
+                         (plots.replay(image, cool, grid, 1), 1.0)):
+            shown = fig.axes[0].images[0]
+            FigureCanvasAgg(fig).draw()
+            assert np.allclose(shown.get_array(), image * dim / 255)
+            pixels = np.asarray(shown.make_image(fig.canvas.get_renderer(), unsampled=True)[0])[..., :3]
+            assert np.allclose(pixels[:, :16], round(200 * dim), atol=1) and (pixels[:, 16:] == 0).all()
+    assert not [r for r in caplog.records if "Clipping input data" in r.getMessage()]
 
 
 INTERNAL = re.compile(r"\b(cool|uniform|lantern|eagle|ar|gstar|residual|fid|judge_accuracy|delta|lambda|nu)\b")

@@ -199,8 +199,9 @@ def accepted_lengths(runs: list[tuple[str, GenerationStats]]) -> Figure:
 
 
 def _grid_axes(ax, image: np.ndarray, grid: tuple[int, int], dim: float = 1.0):
-    """Show ``image``; return a function from a token's raster index to its cell ``(x, y, width, height)``."""
-    ax.imshow(image * dim, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+    """Show ``image`` (uint8, grey or RGB) at ``dim`` of its brightness; return a function from a token's raster
+    index to its cell ``(x, y, width, height)``. Scaled to [0, 1]: matplotlib clips float RGB above 1 to white."""
+    ax.imshow(image.astype(np.float32) * (dim / 255), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
     cell_h, cell_w = image.shape[0] / grid[0], image.shape[1] / grid[1]
