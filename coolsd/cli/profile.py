@@ -234,9 +234,14 @@ def implied(parts: dict) -> dict:
     for spec in DRAFTS:
         drafting_s = parts.get(f"drafting {spec}", {}).get("median_s", 0.0)
         round_s = parts[f"verify {spec}"]["median_s"] + drafting_s + parts[f"acceptance {spec}"]["median_s"]
-        out[spec] = {"round_over_ar_step": round_s / ar,
-                     **{f"at tau {tau} ({name})": tau * ar / round_s for name, tau in PAPER_TAUS.items()}}
+        out[spec] = round_speedups(round_s, ar)
     return out
+
+
+def round_speedups(round_s: float, ar_s: float) -> dict:
+    """A round's cost in AR steps and the speed-ups it implies at the paper's tau (tau * ar / round)."""
+    return {"round_over_ar_step": round_s / ar_s,
+            **{f"at tau {tau} ({name})": tau * ar_s / round_s for name, tau in PAPER_TAUS.items()}}
 
 
 def ceiling(parts: dict) -> dict:
@@ -250,8 +255,7 @@ def ceiling(parts: dict) -> dict:
         round_s = verify["median_s"] + drafting_part["matmul_s"] + accept["median_s"]
         fused_s = verify["matmul_s"] + drafting_part["matmul_s"] + accept["matmul_s"]
         out[spec] = {"drafting_matmul_share": drafting_part["matmul_s"] / drafting_part["median_s"],
-                     "round_over_ar_step": round_s / ar["median_s"],
-                     **{f"at tau {tau} ({name})": tau * ar["median_s"] / round_s for name, tau in PAPER_TAUS.items()},
+                     **round_speedups(round_s, ar["median_s"]),
                      "matmuls_only_round_over_ar_step": fused_s / ar["matmul_s"]}
     return out
 
