@@ -323,7 +323,7 @@ def rss_mb(pid: int) -> float:
 
 def test_server_memory_levels_off_over_ui_generations(server):
     """Generate and figures (and timing for every fourth), as browsers run them: 8 sessions, 2 clients at a
-    time, 70 generations with varied methods and drafts. Once warm, memory must level off."""
+    time, 100 generations with varied methods and drafts. Once warm, memory must level off."""
     config = json.loads(urllib.request.urlopen(f"{server.url}config", timeout=30).read())
     fn = {d["api_name"]: d["id"] for d in config["dependencies"]}
     sessions = [f"memory{i}" for i in range(8)]
@@ -342,15 +342,17 @@ def test_server_memory_levels_off_over_ui_generations(server):
 
     rss = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for batch in range(7):
+        for batch in range(10):
             list(pool.map(one_generation, range(10 * batch, 10 * batch + 10)))
             rss[10 * batch + 10] = rss_mb(server.process.pid)
     print("server RSS after UI generations:", ", ".join(f"{n}: {mb:.0f} MB" for n, mb in rss.items()))
-    # The reported leak grew by about 3.7 MB per generation, a thread per request by about 1.5 MB (45 MB per 30).
-    # Measured over 100 generations, RSS levels off after about 40 (519, 522, 541, 558, 554, 561, 547, 557, 547,
-    # 569 MB per 10) and then moves by about +-10 MB with allocation noise: compare means of two late points.
-    warm, late = (rss[30] + rss[40]) / 2, (rss[60] + rss[70]) / 2
-    assert late - warm < 30, rss
+    # The reported leak grew by about 3.7 MB per generation, a thread per request by about 1.5 MB: 60 MB over the
+    # 40 generations compared here. RSS still climbs until about 60 generations (three fresh-clone runs: 547 ... 589,
+    # 608, 608; 558 ... 612, 617, 617; 532 ... 562, 576, 585 MB at 50, 60, 70), then moves by about +-10 MB with
+    # allocation noise (519, 522, 541, 558, 554, 561, 547, 557, 547, 569 per 10 over 100): compare means of two
+    # points after 50 with two at the end.
+    warm, late = (rss[50] + rss[60]) / 2, (rss[90] + rss[100]) / 2
+    assert late - warm < 40, rss
 
 
 def test_api_lists_only_generate(server):
