@@ -338,7 +338,7 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
     statistics. ``mu`` is "auto" or a number. ``timing_repeats`` > 0 also times AR, Eagle-1 and the method
     that many times each, interleaved. ``model``: one of the app's model choices (empty: the default model);
     a text model takes ``prompt`` instead of ``class_name``; with another model, a class or sampling value left
-    at its default stands for that model's default. Parameter ranges: see the README."""
+    at its default stands for that model's default. Parameter ranges: see docs/app.md."""
     params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule}
     bundle = checked(lambda: MODELS.get(model))
     key = MODELS.key(model)

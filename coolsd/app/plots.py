@@ -307,7 +307,7 @@ def theory(table: dict, title: str) -> Figure:
 METRIC_LABELS = {"fid": "judge-FID (lower is better)", "judge_accuracy": "class consistency (higher is better)",
                  "log_likelihood_per_token": "log-likelihood per token under the target (nats)",
                  "tau": "mean accepted length τ (tokens per target forward)"}
-FID_NOISE, FID_NOISE_IMAGES = 1.0, 200  # AR against Eagle-1 (same distribution) differ by ~1 at 200 images (README)
+FID_NOISE, FID_NOISE_IMAGES = 1.0, 200  # AR and Eagle-1 (one distribution) differ by ~1 at 200 images (docs/cli.md)
 LABEL_OFFSETS = [(5, 4), (5, -12), (-5, 4), (-5, -12), (5, 14), (5, -22), (-5, 14), (-5, -22)]  # points
 
 
@@ -384,7 +384,7 @@ def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str =
     return fig
 
 
-# Study figures (bench --plots DIR, shown in the README) -------------------------------------------------------
+# Study figures (bench --plots DIR, shown in docs/results.md) -------------------------------------------------
 DIFFERENCE_LABELS = {"log_likelihood_per_token": "log-likelihood per token minus Eagle-1's (nats)",
                      "fid": "judge-FID minus Eagle-1's (lower is better)",
                      "judge_accuracy": "class consistency minus Eagle-1's"}

@@ -100,7 +100,7 @@ def sample_warnings(images: int, judge_features: int | None) -> list[str]:
 
     FID fits a Gaussian to the judge's ``judge_features``-d features: with no more images than dimensions the
     covariance is singular and the number is meaningless (2 images gave 515 and 597); at 200 images it still
-    moves by about +-1 between two runs of the same lossless distribution (README), so fewer cannot rank
+    moves by about +-1 between two runs of the same lossless distribution (docs/cli.md), so fewer cannot rank
     methods. Class consistency is a binomial proportion: its standard error is at most 0.5 / sqrt(n)."""
     if judge_features is None:
         return []

@@ -140,7 +140,7 @@ def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[s
     return [f"Dominance on tau and {name} (point estimates):", ""] + lines if lines else []
 
 
-# The rows of the key tables (README "Results"): a method and the parameters a run must have; every other run
+# The rows of the key tables (docs/results.md): a method and the parameters a run must have; every other run
 # is in the CSV and the figures.
 KEY_ROWS = (("ar", {}), ("eagle", {}), ("cool", {"nu": 0.7, "schedule": "exp"}),
             ("cool", {"nu": 0.3, "schedule": "exp"}), ("uniform", {}), ("lantern", {"k": 5, "lambda": 2}),

@@ -1,7 +1,7 @@
 """Parameter checking: one validation helper (:func:`number`) and the schema types a rule's parameters are
 declared with (:class:`Param`, :class:`Choice`). The rule registry (:mod:`coolsd.core.rules`) holds the method
 parameters; :data:`PARAMS` holds the others (sampling, seed, timing). The app's controls, its API, ``generate``
-and ``bench`` all check values here, and the README's parameter table lists the same numbers."""
+and ``bench`` all check values here, and the parameter table of docs/app.md lists the same numbers."""
 
 from __future__ import annotations
 

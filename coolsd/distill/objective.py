@@ -3,7 +3,7 @@ slot ``s`` and the next input, predict the feature at ``s + 1``; the loss is Smo
 ``ce_weight`` (0.1) x the soft cross-entropy between the target's head on the true next feature (softmax: the
 soft label) and the same head on the predicted one.
 
-Choices written down here (the README and the model card repeat them):
+Choices written down here (docs/training.md and the model card repeat them):
 
 * Input features get uniform noise ``U(-noise, noise)``, ``noise = 0.1``: the value the EAGLE paper states.
   (EAGLE's and LANTERN's code scale it by ``512 / sequence length``, which for LlamaGen's text model, 376

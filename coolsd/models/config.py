@@ -77,7 +77,7 @@ CONFIGS: dict[str, ModelConfig] = {
     # The shipped Fashion-MNIST target: 8x8 codes of a 512-entry codebook, 8 layers (trained by coolsd.toy.train).
     "fashion": ModelConfig(vocab_size=512, dim=192, n_layer=8, n_head=6, num_classes=10, grid_height=8, grid_width=8),
     # A deeper, narrower target of about the same size, for which a CPU round costs fewer AR steps: its drafter
-    # layer is 1/32 of it (README, "Performance": chain:5 round 1.62 against 2.17 AR steps at random weights).
+    # layer is 1/32 of it (docs/performance.md: chain:5 round 1.62 against 2.17 AR steps at random weights).
     "fashion-deep": ModelConfig(vocab_size=512, dim=96, n_layer=32, n_head=3, num_classes=10, grid_height=8,
                                 grid_width=8),
     "llamagen-b": ModelConfig(vocab_size=16384, dim=768, n_layer=12, n_head=12, num_classes=1000,
