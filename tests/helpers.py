@@ -146,3 +146,16 @@ def count_generations(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(bench, "generate", counted)
     return calls
+
+
+def markdown_table(text: str, header: str) -> list[list[str]]:
+    """The body rows, as stripped cells, of the first Markdown table in ``text`` whose header row starts with
+    ``header`` (a documentation page's table read the way a reader sees it)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip()[1:-1].split("|")])
+    return rows

@@ -4,6 +4,8 @@ known, and on a real tiny study through ``bench --summary``."""
 import json
 from pathlib import Path
 
+from helpers import markdown_table
+
 from coolsd.cli import bench
 from coolsd.cli.claims import better, cool_relaxation, dominance, key_table, key_tables, noise_floor, summary
 from coolsd.models.bundle import DEFAULT_MODEL
@@ -144,3 +146,39 @@ def test_the_shipped_summary_and_the_results_page_tables_are_the_shipped_study_s
     page = (ROOT / "docs" / "results.md").read_text()
     rows = [line for line in key_tables(result) if line.startswith("|")]
     assert len(rows) > 30 and [row for row in rows if row not in page] == []
+
+
+# The README's headline rows: the shipped study's run on chain:5, and the paper's LlamaGen-XL row (method spec
+# section 6: mean accepted length, speed-up vs AR, FID).
+HEADLINE = {
+    "AR": ("ar", None),
+    "Eagle-1": ("eagle @ chain:5", ["2.42", "2.03x", "20.97"]),
+    "LANTERN++ (ours: `k`=10, `lambda`=5, its own residual)": ("lantern:k=10,lambda=5,residual=lantern @ chain:5",
+                                                              ["2.67", "2.15x", "21.17"]),
+    "COOL-SD `delta`=1.1": ("cool:delta=1.1,nu=0.7,schedule=exp @ chain:5", ["2.73", "2.27x", "21.02"]),
+    "COOL-SD `delta`=2": ("cool:delta=2,nu=0.7,schedule=exp @ chain:5", ["3.34", "2.72x", "21.20"]),
+    "UniformRSD `delta`=2": ("uniform:delta=2 @ chain:5", None),
+}
+
+
+def interval_cell(difference: dict, digits: int) -> str:
+    """A paired difference as the tables print it, bold when its interval excludes 0 (written out here)."""
+    cell = f"{difference['value']:+.{digits}f} [{difference['low']:+.{digits}f}, {difference['high']:+.{digits}f}]"
+    return f"**{cell}**" if difference["low"] > 0 or difference["high"] < 0 else cell
+
+
+def test_the_readme_headline_table_is_the_shipped_study_s_next_to_the_paper_s():
+    runs = {run["label"]: run for run in json.loads((DEFAULT_MODEL / "bench_results.json").read_text())["runs"]}
+    rows = markdown_table((ROOT / "README.md").read_text(), "| method | `tau` | speed-up |")
+    assert [row[0] for row in rows] == list(HEADLINE)
+    for name, *cells in rows:
+        label, paper = HEADLINE[name]
+        run = runs[label]
+        quality = [""] * 2 if run["method"] == "eagle" else [
+            interval_cell(run["vs_eagle"]["log_likelihood_per_token"], 3), interval_cell(run["vs_eagle"]["fid"], 2)]
+        assert cells == [f"{run['tau']:.3f}", f"{run['speedup_vs_ar']:.2f}x", *quality, *(paper or [""] * 3)], name
+    paper_page = {row[1]: row[2:5] for row in markdown_table((ROOT / "docs" / "results.md").read_text(),
+                                                             "| target | method |")[:4]}
+    assert paper_page == {"Eagle-1": ["2.42", "2.03x", "20.97"], "LANTERN++": ["2.67", "2.15x", "21.17"],
+                          "COOL-SD `delta`=1.1": ["2.73", "2.27x", "21.02"],
+                          "COOL-SD `delta`=2": ["3.34", "2.72x", "21.20"]}
