@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..core.params import Param, check, shorten
+from ..core.params import PARAMS, Param, check, shorten
 from ..core.sampling import SamplingConfig
 from ..core.trees import parse_draft, usable_depth
 from ..models.bundle import (
@@ -57,11 +57,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--steps", choices=list(MODES), default=None, help=MODE_HELP)
     parser.add_argument("--draft", default="chain:5", help="chain:L or tree:<preset> (eagle25, wide57)")
-    parser.add_argument("--cfg", default=None, help="classifier-free guidance scale (default: the model's)")
-    parser.add_argument("--temperature", default=None)
+    parser.add_argument("--cfg", default=None, help=f"classifier-free guidance scale; {PARAMS['cfg_scale'].span()} "
+                        "(default: the model's)")
+    parser.add_argument("--temperature", default=None, help=f"{PARAMS['temperature'].span()} (default: the model's)")
     parser.add_argument("--top-k", default=None, help="0 = off; at most the vocabulary size")
-    parser.add_argument("--top-p", default=None, help="1 = off")
-    parser.add_argument("--seed", default="0")
+    parser.add_argument("--top-p", default=None, help=f"{PARAMS['top_p'].span()}; 1 = off")
+    parser.add_argument("--seed", default="0", help=f"{PARAMS['seed'].span()} (default 0)")
     parser.add_argument("--threads", default=None,
                         help="CPU threads for torch (default: $COOLSD_THREADS, else 1: the fastest for small models)")
 

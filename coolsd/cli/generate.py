@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from ..core.decode import EMPTY, generate
-from ..core.params import Choice, Param, shorten
+from ..core.params import Choice, Param, shorten, show_number
 from ..core.rules import RULES, build_rule
 from .common import (
     OneLineParser,
@@ -109,6 +109,11 @@ def save_image(pixels: np.ndarray, path: Path, scale: int = 8) -> None:
     image.resize((image.width * scale, image.height * scale), Image.NEAREST).save(path)
 
 
+def shown(default: float | str) -> str:
+    """A default as the help gives it: ``2``, ``0.7``, ``auto``."""
+    return default if isinstance(default, str) else show_number(default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m coolsd.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--method", choices=list(RULES), default="cool",
@@ -119,9 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(f"--{name}", choices=param.choices, default=None, dest=f"param_{name}",
                                 help=f"({takers}) {param.help}; default {param.default}")
         else:
-            allowed = f"{param.low:g} to {param.high:g}" + "".join(f" or {word}" for word in param.words)
             parser.add_argument(f"--{name}", default=None, dest=f"param_{name}", metavar=name.upper(),
-                                help=f"({takers}) {param.help}; {allowed}, default {param.default}")
+                                help=f"({takers}) {param.help}; {param.span()}, default {shown(param.default)}")
     parser.add_argument("--class", dest="class_label", default=None, help="class index or name (class models; "
                         "default 0)")
     parser.add_argument("--prompt", default=None, help="the caption (text-to-image models)")

@@ -50,13 +50,18 @@ def number(name: str, value: Any, low: float | None = None, high: float | None =
     return number_value
 
 
+def show_number(value: float) -> str:
+    """A range end as people write it: a whole number in full (``2147483647``, where ``:g`` gives
+    ``2.14748e+09``), any other in ``:g``'s short form (``0.05``)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def describe_range(low: float | None, high: float | None, above: float | None = None) -> str:
     """``between 0.05 and 5``, ``> 0``, ``>= 1``, or ``any finite number``."""
     if low is not None and high is not None:
-        return f"between {low:g} and {high:g}"
-    parts = ([f"> {above:g}"] if above is not None else []) + ([f">= {low:g}"] if low is not None else []) + \
-        ([f"<= {high:g}"] if high is not None else [])
-    return " and ".join(parts) or "any finite number"
+        return f"between {show_number(low)} and {show_number(high)}"
+    bounds = ((">", above), (">=", low), ("<=", high))
+    return " and ".join(f"{sign} {show_number(end)}" for sign, end in bounds if end is not None) or "any finite number"
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,10 @@ class Param:
     integer: bool = False
     help: str = ""
     words: tuple[str, ...] = ()
+
+    def span(self) -> str:
+        """The allowed values as a command line's help gives them: ``0 to 2147483647``, ``-5 to 5 or auto``."""
+        return f"{show_number(self.low)} to {show_number(self.high)}" + "".join(f" or {word}" for word in self.words)
 
     def check(self, value: Any, high: float | None = None) -> float | int | str:
         """A number in ``[low, high]`` (or one of ``words``), else a ValueError that names the parameter, the
