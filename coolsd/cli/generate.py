@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from ..core.decode import EMPTY, generate
-from ..core.params import Choice, Param, shorten, show_number
+from ..core.params import PROMPT_CHARS, Choice, Param, check_prompt, shorten, show_number
 from ..core.rules import RULES, build_rule
 from .common import (
     OneLineParser,
@@ -43,7 +43,7 @@ def condition_of(args: argparse.Namespace) -> int | str:
             raise ValueError("this is a text-to-image model: give --prompt, not --class")
         if not (args.prompt or "").strip():
             raise ValueError("this is a text-to-image model: give --prompt \"a description of the image\"")
-        return args.prompt.strip()
+        return check_prompt(args.prompt)
     if args.prompt is not None:
         raise ValueError("this is a class-to-image model: give --class, not --prompt")
     return class_index(args.info.class_names, args.class_label if args.class_label is not None else "0")
@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 help=f"({takers}) {param.help}; {param.span()}, default {shown(param.default)}")
     parser.add_argument("--class", dest="class_label", default=None, help="class index or name (class models; "
                         "default 0)")
-    parser.add_argument("--prompt", default=None, help="the caption (text-to-image models)")
+    parser.add_argument("--prompt", default=None,
+                        help=f"the caption (text-to-image models; at most {PROMPT_CHARS} characters)")
     parser.add_argument("--out", type=Path, default=None, help="image file (PNG, or another common format)")
     parser.add_argument("--scale", default=None, help="enlargement of the image (nearest neighbour; default 8, "
                         "or 1 for images of 128 px or more)")

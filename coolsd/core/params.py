@@ -110,6 +110,19 @@ class Choice:
         return value
 
 
+PROMPT_CHARS = 1000  # the longest prompt the app and the command line accept (T5 reads only the caption slots)
+
+
+def check_prompt(prompt: Any) -> str:
+    """A text model's prompt: a non-empty string of at most :data:`PROMPT_CHARS` characters, stripped; the app
+    and ``generate`` refuse the same prompts with the same message."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"prompt must be a non-empty text for a text-to-image model, got {shorten(prompt)}")
+    if len(prompt) > PROMPT_CHARS:
+        raise ValueError(f"prompt must be at most {PROMPT_CHARS} characters long, got {len(prompt)} characters")
+    return prompt.strip()
+
+
 PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("cfg_scale", 0.0, 10.0, 2.0, 0.1, "CFG scale"),
     Param("temperature", 0.1, 2.0, 1.0, 0.05, "Temperature"),
