@@ -44,6 +44,16 @@ def test_generate_writes_image_and_stats(tmp_path):
     assert stats["relaxation_cost"] >= 0
 
 
+
+def test_generate_without_out_says_the_image_was_not_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert generate.main(["--method", "eagle", *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert "no --out given: the image was not written (add --out img.png to write it)" in printed
+    assert list(tmp_path.iterdir()) == []  # nothing written behind the user's back
+    assert generate.main(["--method", "eagle", "--out", str(tmp_path / "img.png"), *TINY]) == 0
+    assert "--out" not in capsys.readouterr().out and (tmp_path / "img.png").is_file()
+
 def test_generate_rejects_bad_input(tmp_path, capsys):
     assert generate.main(["--method", "uniform", "--delta", "-1", "--random-init", "tiny"]) == 2
     assert "delta" in capsys.readouterr().err

@@ -158,6 +158,8 @@ def generate_image(argv: list[str] | None) -> int:
     print(f"{stats.method} {stats.params} draft={stats.draft}: tau={stats.tau:.3f} "
           f"target_forwards={stats.target_forwards} drafter_forwards={stats.drafter_forwards} "
           f"relaxation_cost={stats.relaxation_cost:.4f} time={stats.seconds['total']:.3f}s")
+    if not args.out:  # a stats-only run is legitimate, so nothing is written unasked; but say so
+        print("no --out given: the image was not written (add --out img.png to write it)")
     return 0
 
 
