@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from ..core.decode import Generation, generate
 from ..core.likelihood import mean_log_likelihood
-from ..core.params import Param
+from ..core.params import OneLineParser, Param, run_command
 from ..core.rules import AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.stats import bootstrap_interval
@@ -51,13 +51,11 @@ from ..models.registry import EXAMPLE_PROMPTS
 from ..models.steps import unwrapped
 from .claims import summary
 from .common import (
-    OneLineParser,
     add_model_arguments,
     check_device,
     check_model_args,
     check_output,
     load_model,
-    run_command,
     sampling_from,
 )
 from .methods import PRESETS

@@ -1,15 +1,14 @@
-"""What both command lines share: the model and sampling options, their checks (before any model loads), the
-one-line error convention, and loading the model."""
+"""What both command lines share: the model and sampling options, their checks (before any model loads), and
+loading the model. The one-line error convention (``OneLineParser``, ``run_command``) is
+:mod:`coolsd.core.params`', which the training commands share too."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -30,13 +29,6 @@ from ..models.registry import model_config as registry_config
 from ..models.steps import MODE_HELP, MODES, default_mode
 
 SAMPLING_OPTIONS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error raises ValueError, so ``main`` prints it as one ``error:`` line."""
-
-    def error(self, message: str):
-        raise ValueError(f"{message} (see --help)")
 
 
 @dataclass(frozen=True)
@@ -170,12 +162,3 @@ def load_model(args: argparse.Namespace) -> Bundle:
 def sampling_from(overrides: dict, bundle: Bundle) -> SamplingConfig:
     """The bundle's recommended sampling settings, overridden by any option given."""
     return SamplingConfig(**{**bundle.sampling.to_dict(), **overrides})
-
-
-def run_command(work: Callable[[], int]) -> int:
-    """Run a command's work; a bad option or an unreadable file ends it with one ``error:`` line and exit code 2."""
-    try:
-        return work()
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2

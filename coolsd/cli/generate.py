@@ -17,15 +17,22 @@ import numpy as np
 from PIL import Image
 
 from ..core.decode import EMPTY, generate
-from ..core.params import PROMPT_CHARS, Choice, Param, check_prompt, shorten, show_number
+from ..core.params import (
+    PROMPT_CHARS,
+    Choice,
+    OneLineParser,
+    Param,
+    check_prompt,
+    run_command,
+    shorten,
+    show_number,
+)
 from ..core.rules import RULES, build_rule
 from .common import (
-    OneLineParser,
     add_model_arguments,
     check_model_args,
     check_output,
     load_model,
-    run_command,
     sampling_from,
 )
 from .methods import check_param, check_rule, parse_value

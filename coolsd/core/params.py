@@ -1,13 +1,16 @@
 """Parameter checking: one validation helper (:func:`number`) and the schema types a rule's parameters are
 declared with (:class:`Param`, :class:`Choice`). The rule registry (:mod:`coolsd.core.rules`) holds the method
 parameters; :data:`PARAMS` holds the others (sampling, seed, timing). The app's controls, its API, ``generate``
-and ``bench`` all check values here, and the README's parameter table lists the same numbers."""
+and ``bench`` all check values here, and the README's parameter table lists the same numbers. Every command line
+ends on bad input with one ``error:`` line and exit code 2 (:class:`OneLineParser`, :func:`run_command`)."""
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 def clip(text: str, limit: int) -> str:
@@ -136,3 +139,19 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 def check(name: str, value: Any, high: float | None = None) -> float | int:
     """``PARAMS[name].check(value)``."""
     return PARAMS[name].check(value, high)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error raises ValueError, so :func:`run_command` prints it as one ``error:`` line."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (see --help)")
+
+
+def run_command(work: Callable[[], int]) -> int:
+    """Run a command's work; a bad option or an unreadable file ends it with one ``error:`` line and exit code 2."""
+    try:
+        return work()
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
