@@ -13,14 +13,15 @@ USAGE = "usage: python -m coolsd.train COMMAND [options]"
 
 
 def wants_general_trainer(argv: list[str]) -> bool:
-    """``drafter`` is the general trainer unless every option given is one of the default model's stage options:
-    a bare ``drafter`` (or with ``--work``, ``--steps``...) is that stage; ``--model``, ``--random-init``,
-    ``--help`` or any of the general trainer's own options (``--images``...) name the general one."""
+    """``drafter`` is the general trainer unless every option given is one the default model's drafter stage
+    uses: a bare ``drafter`` (or with ``--work``, ``--steps``...) is that stage; ``--model``, ``--random-init``,
+    ``--help``, ``--out`` (the stage writes none: export does) or any of the general trainer's own options
+    (``--images``...) name the general one, which then asks for what is missing."""
     if not argv or argv[0] != "drafter":
         return False
     from .toy.train import stage_options
     options = {arg.split("=", 1)[0] for arg in argv[1:] if arg.startswith("--") or arg == "-h"}
-    return not options <= stage_options()
+    return not options <= stage_options() - {"--out"}
 
 
 def overview() -> str:
@@ -48,6 +49,7 @@ def check_command(argv: list[str]) -> str:
 
 
 def dispatch(argv: list[str]) -> int:
+    """The overview for ``--help``, else the command's own ``main`` (which checks its options)."""
     if argv[:1] in (["-h"], ["--help"]):
         print(overview())
         return 0

@@ -164,6 +164,7 @@ def test_drafter_is_the_default_models_stage_only_with_that_stages_options():
                                                                                  "--steps", "3"])
     assert wants_general_trainer(["drafter", "--help"]) and wants_general_trainer(["drafter", "--random-init=tiny"])
     assert wants_general_trainer(["drafter", "--out", "x", "--images", "5"])  # the general trainer's options
+    assert wants_general_trainer(["drafter", "--out", "x"])  # the stage writes no --out; the trainer asks for --model
     assert not wants_general_trainer(["target", "--model", "x"])
 
 

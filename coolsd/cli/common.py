@@ -1,6 +1,6 @@
 """What both command lines share: the model and sampling options, their checks (before any model loads), and
-loading the model. The one-line error convention (``OneLineParser``, ``run_command``) is
-:mod:`coolsd.core.params`', which the training commands share too."""
+loading the model. The one-line error convention (``OneLineParser``, ``run_command``) lives in
+:mod:`coolsd.core.params`, which the training commands use too."""
 
 from __future__ import annotations
 
