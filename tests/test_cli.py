@@ -44,6 +44,30 @@ def test_generate_writes_image_and_stats(tmp_path):
     assert stats["relaxation_cost"] >= 0
 
 
+
+def test_generate_without_out_says_the_image_was_not_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert generate.main(["--method", "eagle", *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert "no --out given: the image was not written (add --out img.png to write it)" in printed
+    assert list(tmp_path.iterdir()) == []  # nothing written behind the user's back
+    assert generate.main(["--method", "eagle", "--out", str(tmp_path / "img.png"), *TINY]) == 0
+    assert "--out" not in capsys.readouterr().out and (tmp_path / "img.png").is_file()
+
+
+def test_uniform_without_delta_runs_the_documented_default(tmp_path):
+    """README's parameter table: delta defaults to 2 for UniformRSD as for COOL-SD (1 would be lossless Eagle-1),
+    in generate (on the shipped model) and in bench's method specs alike."""
+    stats_path = tmp_path / "stats.json"
+    assert generate.main(["--method", "uniform", "--device", "cpu", "--stats", str(stats_path)]) == 0
+    stats = json.loads(stats_path.read_text())
+    assert stats["params"] == {"delta": 2.0} and stats["relaxation_cost"] > 0
+    out = tmp_path / "r.json"
+    assert bench.main(["--methods", "uniform", "--images", "1", "--warmup", "0", *TINY, "--out", str(out),
+                       "--no-progress"]) == 0
+    run = next(r for r in json.loads(out.read_text())["runs"] if r["method"] == "uniform")
+    assert run["params"] == {} and run["rule_params"] == {"delta": 2.0} and run["relaxation_cost_mean"] > 0
+
 def test_generate_rejects_bad_input(tmp_path, capsys):
     assert generate.main(["--method", "uniform", "--delta", "-1", "--random-init", "tiny"]) == 2
     assert "delta" in capsys.readouterr().err

@@ -93,6 +93,34 @@ def test_a_text_model_refuses_a_class(model_dir, argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+
+def test_the_command_line_refuses_the_over_long_prompt_the_app_refuses(model_dir, capsys, monkeypatch):
+    """One limit for both: 1,000 characters (the app's prompt box), checked before any model loads."""
+    from coolsd.app import session
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the prompt was checked")
+
+    monkeypatch.setattr(generate, "load_model", no_model)
+    assert generate.main(["--model", str(model_dir), "--prompt", "a" * 10_000, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: prompt ") and "Traceback" not in err, err
+    assert "1000" in err and "10000" in err
+    with pytest.raises(ValueError) as app_error:
+        session.check_prompt("a" * 10_000)
+    assert err == f"error: {app_error.value}\n"
+
+    def cli_condition(prompt: str):
+        argv = ["--model", str(model_dir), "--prompt", prompt, "--device", "cpu"]
+        return generate.check_args(generate.build_parser().parse_args(argv)).condition
+
+    at_limit, over = "b" * 1000, "b" * 1001
+    assert session.check_prompt(at_limit) == at_limit and cli_condition(at_limit) == at_limit
+    for check in (session.check_prompt, cli_condition):
+        with pytest.raises(ValueError, match="at most 1000 characters"):
+            check(over)
+
+
 def test_presets_are_read_without_weights_and_fail_clearly_offline(monkeypatch, capsys):
     names = preset_names()
     assert {"llamagen-t2i-xl", "llamagen-c2i-b", "llamagen-c2i-l", "llamagen-c2i-xl"} <= set(names)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from coolsd.core.params import PARAMS, check, shorten
+from coolsd.core.params import PARAMS, check, number, shorten
 from coolsd.core.rules import omega_schedule
 from coolsd.core.rules import param as method_param
 from coolsd.models.bundle import set_threads
@@ -45,6 +45,27 @@ def test_check_names_the_parameter_the_shortened_value_and_the_range():
     with pytest.raises(ValueError, match="top_k must be between 0 and 512"):
         check("top_k", 513, high=512)
 
+
+
+def test_whole_range_ends_read_in_full_and_fractions_stay_short():
+    """2**31 - 1 reads 2147483647 (not 2.14748e+09) wherever a range is described: errors and the help."""
+    with pytest.raises(ValueError, match=r"^seed must be between 0 and 2147483647, got -1$"):
+        check("seed", -1)
+    with pytest.raises(ValueError, match=r"^top_k must be between 0 and 1000000, got -1$"):
+        check("top_k", -1)
+    with pytest.raises(ValueError, match=r"^images must be between 1 and 100000000, got 0$"):
+        number("images", 0, 1, 10**8, integer=True)
+    with pytest.raises(ValueError, match=r"^steps must be <= 1000000000, got 1000000001$"):
+        number("steps", 10**9 + 1, high=10**9, integer=True)  # a one-sided range too
+    with pytest.raises(ValueError, match=r"^max-hours must be > 0, got 0$"):
+        number("max-hours", 0, above=0)
+    with pytest.raises(ValueError, match=r"^delta must be between 0.05 and 5, got 6$"):
+        method_param("delta").check(6)
+    with pytest.raises(ValueError, match=r"^lambda must be between 1 and 10, got 0.5$"):
+        method_param("lambda").check(0.5)
+    from coolsd.cli.generate import build_parser
+    shown = " ".join(build_parser().format_help().split())
+    assert "--seed SEED 0 to 2147483647" in shown and "0.05 to 5, default 2 " in shown and "e+0" not in shown
 
 def linear_omegas(delta: float, nu: float, mu: float, depth: int) -> list[float]:
     """The spec's linear schedule written out: omega_d = delta (1 - nu d - mu), d = 1..depth."""

@@ -1,5 +1,6 @@
 """Acceptance rules and residuals against their closed forms (spec section 3, property 2)."""
 
+import inspect
 import math
 
 import numpy as np
@@ -7,10 +8,12 @@ import pytest
 import torch
 from helpers import l2_neighbours
 
+from coolsd.core.rules import RULES as REGISTERED
 from coolsd.core.rules import (
     CoolSD,
     Eagle,
     Lantern,
+    RuleSpec,
     UniformRSD,
     build_rule,
     nearest_codes,
@@ -215,6 +218,39 @@ def test_invalid_parameters_raise_named_value_errors(call, needle):
     with pytest.raises(ValueError, match=needle):
         call()
 
+
+
+ARGUMENT = {"lambda": "lam"}  # a schema name that is a Python keyword -> the constructor argument it is passed as
+
+
+def default_mismatches(spec: RuleSpec, rule_class: type) -> list[str]:
+    """Where ``rule_class``'s constructor defaults disagree with ``spec``'s schema (or lack a parameter)."""
+    arguments = inspect.signature(rule_class.__init__).parameters
+    found = []
+    for schema in spec.params:
+        argument = arguments.get(ARGUMENT.get(schema.name, schema.name))
+        if argument is None or argument.default != schema.default:
+            found.append(f"{rule_class.__name__}: {schema.name} defaults to "
+                         f"{argument.default if argument else 'nothing'}, the schema to {schema.default}")
+    return found
+
+
+def test_one_default_per_parameter_the_schemas():
+    """A parameter not given takes its schema's default (README: delta 2, not the lossless 1), and every
+    registered rule class's constructor defaults to the same values."""
+    neighbours = lambda count: nearest_codes(CODEBOOK, count)  # noqa: E731
+    for name, spec in REGISTERED.items():
+        rule = build_rule(name, {}, 5, neighbours)
+        assert rule.params() == {schema.name: schema.default for schema in spec.params}, name
+        assert default_mismatches(spec, type(rule)) == [], name
+    assert build_rule("uniform", {}, 5).omega(1) == 2.0 and build_rule("uniform", {"delta": 3}, 5).delta == 3.0
+
+    class Drifted(UniformRSD):  # negative control: a constructor default that left its schema is caught
+        def __init__(self, delta: float = 1.0) -> None:
+            super().__init__(delta)
+
+    assert default_mismatches(REGISTERED["uniform"], Drifted) == [
+        "Drifted: delta defaults to 1.0, the schema to 2.0"]
 
 def test_verify_sibling_with_tiny_remaining_draft_mass():
     """A sibling drawn where q is nearly one-hot: after removing the first draw, q must be renormalised even

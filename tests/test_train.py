@@ -1,5 +1,8 @@
 """Every training stage runs a few steps on tiny synthetic data and its loss falls; checkpoints resume."""
 
+import re
+
+import pytest
 import torch
 
 from coolsd.models.config import ModelConfig
@@ -107,3 +110,74 @@ def test_target_shape_is_chosen_then_recorded_and_read_back():
     assert target_config("fashion-deep", {}) == CONFIGS["fashion-deep"]
     log = {"target": {"shape": CONFIGS["fashion-deep"].to_dict()}}  # what stage_target writes
     assert target_config(None, log) == CONFIGS["fashion-deep"] and target_config("fashion", log) == TARGET_CONFIG
+
+
+# --- the command line: python -m coolsd.train ----------------------------------------------------------------
+
+def shown(text: str) -> str:
+    """Help text with argparse's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def test_train_help_lists_both_kinds_of_training(capsys):
+    from coolsd import train
+
+    assert train.main(["--help"]) == 0
+    text = shown(capsys.readouterr().out)
+    assert "drafter --model" in text and "--random-init" in text  # the general trainer, found at the top
+    assert "Train an Eagle-1 drafter for any target coolsd loads, by self-distillation." in text
+    for stage, words in (("judge", "quality judge"), ("tokenizer", "VQ autoencoder"), ("target", "transformer"),
+                         ("export", "bundle"), ("codes", "tokenize")):
+        assert f" {stage} " in text and words in text, stage
+    assert "drafter (without --model)" in text  # the default model's drafter stage, told apart
+
+
+def test_train_drafter_help_is_the_general_trainers_in_full(capsys):
+    from coolsd import train
+
+    for argv in (["drafter", "--help"], ["drafter", "--model", "x", "--help"], ["drafter", "-h"]):
+        with pytest.raises(SystemExit) as done:
+            train.main(argv)
+        assert done.value.code == 0
+        raw = capsys.readouterr().out
+        text = shown(raw)
+        assert text.startswith("usage: python -m coolsd.train drafter") and "--model MODEL" in text
+        assert "Train an Eagle-1 drafter for any target coolsd loads, by self-distillation." in text  # not cut
+        assert "(default: None)" not in raw and "None" not in raw and "False" not in raw
+        assert re.search(r"\(default[^)]*\)\s*\(default", raw) is None  # no option's default twice
+        assert "--images IMAGES self-distilled images to generate (default 2000)" in text
+        assert "python -m coolsd.train drafter --work runs/fashion" in text  # how to run the default model's stage
+
+
+def test_a_stage_help_points_to_the_general_drafter_trainer(capsys):
+    from coolsd import train
+
+    with pytest.raises(SystemExit):
+        train.main(["judge", "--help"])
+    assert "python -m coolsd.train drafter --model" in shown(capsys.readouterr().out)
+
+
+def test_drafter_is_the_default_models_stage_only_with_that_stages_options():
+    from coolsd.train import wants_general_trainer
+
+    assert not wants_general_trainer(["drafter"]) and not wants_general_trainer(["drafter", "--work", "w",
+                                                                                 "--steps", "3"])
+    assert wants_general_trainer(["drafter", "--help"]) and wants_general_trainer(["drafter", "--random-init=tiny"])
+    assert wants_general_trainer(["drafter", "--out", "x", "--images", "5"])  # the general trainer's options
+    assert wants_general_trainer(["drafter", "--out", "x"])  # the stage writes no --out; the trainer asks for --model
+    assert not wants_general_trainer(["target", "--model", "x"])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    ([], "give a command"), (["bogus"], "'bogus'"), (["judge", "--steps", "x"], "--steps"),
+    (["judge", "--nope"], "--nope"), (["drafter", "--model", "x"], "--out"),
+    (["drafter", "--out", "x", "--images", "5"], "--model"),
+    (["drafter", "--random-init", "tiny", "--out", "x", "--images", "0"], "images"),
+])
+def test_train_errors_are_one_line(argv, needle, capsys):
+    from coolsd import train
+
+    assert train.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
+    assert needle in captured.err and "usage:" not in captured.err and captured.out == ""

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.decode import Generation, generate
-from ..core.params import Choice, Param, check, shorten
+from ..core.params import PROMPT_CHARS as PROMPT_CHARS  # the prompt box's limit (app.py)
+from ..core.params import Choice, Param, check, check_prompt, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig
 from ..core.trees import TREES, DraftTree, chain, parse_draft
@@ -25,7 +26,6 @@ from ..models.steps import default_mode
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES]
 COMMON = ("draft", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")  # after the method's values
 CONDITION = ("model", "prompt")  # last: the chosen model (a key of coolsd.app.models) and a text model's prompt
-PROMPT_CHARS = 1000  # the longest prompt accepted (T5 reads at most the model's caption slots anyway)
 TIMING_REPEATS = 5
 
 
@@ -150,15 +150,6 @@ def method_params(name: str, fixed: dict, raw: Mapping) -> dict:
         if schema.name not in fixed:
             params[schema.name] = schema.check(raw.get(schema.name, schema.default))
     return params
-
-
-def check_prompt(prompt) -> str:
-    """A text model's prompt: a non-empty string of at most :data:`PROMPT_CHARS` characters, stripped."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"prompt must be a non-empty text for a text-to-image model, got {shorten(prompt)}")
-    if len(prompt) > PROMPT_CHARS:
-        raise ValueError(f"prompt must be at most {PROMPT_CHARS} characters, got {len(prompt)}")
-    return prompt.strip()
 
 
 def text_model(bundle: Bundle) -> bool:

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from ..core.decode import Generation, generate
 from ..core.likelihood import mean_log_likelihood
-from ..core.params import Param
+from ..core.params import OneLineParser, Param, run_command
 from ..core.rules import AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
 from ..core.stats import bootstrap_interval
@@ -51,13 +51,11 @@ from ..models.registry import EXAMPLE_PROMPTS
 from ..models.steps import unwrapped
 from .claims import summary
 from .common import (
-    OneLineParser,
     add_model_arguments,
     check_device,
     check_model_args,
     check_output,
     load_model,
-    run_command,
     sampling_from,
 )
 from .methods import PRESETS
@@ -293,7 +291,7 @@ def summarise_study(bench: Bench, keep_images: bool) -> dict:
     samples = [[bench.records.get("sample", c.label, i) for i in range(study.images)] for c in configurations]
     timings = [[bench.records.get("timing", c.label, i) for i in range(study.timed_images)] for c in configurations]
     ar = next(k for k, c in enumerate(configurations) if c.name == "ar")
-    runs = [summarise(c, samples[k], timings[k], timings[ar], bundle, keep_images)
+    runs = [summarise(c, bench.rules[k], samples[k], timings[k], timings[ar], bundle, keep_images)
             for k, c in enumerate(configurations)]
     for k, run in enumerate(runs):
         eagle = eagle_baseline(configurations, k)
@@ -407,15 +405,17 @@ def pooled_depths(samples: list[dict]) -> dict:
             "accept_prob": accept_prob}
 
 
-def summarise(configuration: Configuration, samples: list[dict], timings: list[dict], ar_timings: list[dict],
-              bundle: Bundle, keep_images: bool) -> dict:
+def summarise(configuration: Configuration, rule: AcceptanceRule, samples: list[dict], timings: list[dict],
+              ar_timings: list[dict], bundle: Bundle, keep_images: bool) -> dict:
     """One configuration's record: quality from its samples (every image), speed from its timings (the timed
     images, paired with AR's on the same images)."""
     latency, ar_latency = list(column(timings, "latency_s")), list(column(ar_timings, "latency_s"))
     rounds = sum(t["target_forwards"] for t in timings)
     phase = {k: sum(t["seconds"][k] for t in timings) for k in PHASES}
     record = {
-        "method": configuration.name, "params": configuration.params, "label": configuration.label,
+        # params as given (they name the configuration); rule_params: all that it ran with, defaults included
+        "method": configuration.name, "params": configuration.params, "rule_params": rule.params(),
+        "label": configuration.label,
         "draft": configuration.draft,
         "tau": float(np.mean(column(samples, "tau"))),
         "target_forwards_per_image": float(np.mean(column(samples, "target_forwards"))),

@@ -1,19 +1,18 @@
-"""What both command lines share: the model and sampling options, their checks (before any model loads), the
-one-line error convention, and loading the model."""
+"""What both command lines share: the model and sampling options, their checks (before any model loads), and
+loading the model. The one-line error convention (``OneLineParser``, ``run_command``) lives in
+:mod:`coolsd.core.params`, which the training commands use too."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from ..core.params import Param, check, shorten
+from ..core.params import PARAMS, Param, check, shorten
 from ..core.sampling import SamplingConfig
 from ..core.trees import parse_draft, usable_depth
 from ..models.bundle import (
@@ -30,13 +29,6 @@ from ..models.registry import model_config as registry_config
 from ..models.steps import MODE_HELP, MODES, default_mode
 
 SAMPLING_OPTIONS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error raises ValueError, so ``main`` prints it as one ``error:`` line."""
-
-    def error(self, message: str):
-        raise ValueError(f"{message} (see --help)")
 
 
 @dataclass(frozen=True)
@@ -57,11 +49,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--steps", choices=list(MODES), default=None, help=MODE_HELP)
     parser.add_argument("--draft", default="chain:5", help="chain:L or tree:<preset> (eagle25, wide57)")
-    parser.add_argument("--cfg", default=None, help="classifier-free guidance scale (default: the model's)")
-    parser.add_argument("--temperature", default=None)
+    parser.add_argument("--cfg", default=None, help=f"classifier-free guidance scale; {PARAMS['cfg_scale'].span()} "
+                        "(default: the model's)")
+    parser.add_argument("--temperature", default=None, help=f"{PARAMS['temperature'].span()} (default: the model's)")
     parser.add_argument("--top-k", default=None, help="0 = off; at most the vocabulary size")
-    parser.add_argument("--top-p", default=None, help="1 = off")
-    parser.add_argument("--seed", default="0")
+    parser.add_argument("--top-p", default=None, help=f"{PARAMS['top_p'].span()}; 1 = off")
+    parser.add_argument("--seed", default="0", help=f"{PARAMS['seed'].span()} (default 0)")
     parser.add_argument("--threads", default=None,
                         help="CPU threads for torch (default: $COOLSD_THREADS, else 1: the fastest for small models)")
 
@@ -169,12 +162,3 @@ def load_model(args: argparse.Namespace) -> Bundle:
 def sampling_from(overrides: dict, bundle: Bundle) -> SamplingConfig:
     """The bundle's recommended sampling settings, overridden by any option given."""
     return SamplingConfig(**{**bundle.sampling.to_dict(), **overrides})
-
-
-def run_command(work: Callable[[], int]) -> int:
-    """Run a command's work; a bad option or an unreadable file ends it with one ``error:`` line and exit code 2."""
-    try:
-        return work()
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2

@@ -17,15 +17,22 @@ import numpy as np
 from PIL import Image
 
 from ..core.decode import EMPTY, generate
-from ..core.params import Choice, Param, shorten
+from ..core.params import (
+    PROMPT_CHARS,
+    Choice,
+    OneLineParser,
+    Param,
+    check_prompt,
+    run_command,
+    shorten,
+    show_number,
+)
 from ..core.rules import RULES, build_rule
 from .common import (
-    OneLineParser,
     add_model_arguments,
     check_model_args,
     check_output,
     load_model,
-    run_command,
     sampling_from,
 )
 from .methods import check_param, check_rule, parse_value
@@ -43,7 +50,7 @@ def condition_of(args: argparse.Namespace) -> int | str:
             raise ValueError("this is a text-to-image model: give --prompt, not --class")
         if not (args.prompt or "").strip():
             raise ValueError("this is a text-to-image model: give --prompt \"a description of the image\"")
-        return args.prompt.strip()
+        return check_prompt(args.prompt)
     if args.prompt is not None:
         raise ValueError("this is a class-to-image model: give --class, not --prompt")
     return class_index(args.info.class_names, args.class_label if args.class_label is not None else "0")
@@ -109,6 +116,11 @@ def save_image(pixels: np.ndarray, path: Path, scale: int = 8) -> None:
     image.resize((image.width * scale, image.height * scale), Image.NEAREST).save(path)
 
 
+def shown(default: float | str) -> str:
+    """A default as the help gives it: ``2``, ``0.7``, ``auto``."""
+    return default if isinstance(default, str) else show_number(default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m coolsd.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--method", choices=list(RULES), default="cool",
@@ -119,12 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(f"--{name}", choices=param.choices, default=None, dest=f"param_{name}",
                                 help=f"({takers}) {param.help}; default {param.default}")
         else:
-            allowed = f"{param.low:g} to {param.high:g}" + "".join(f" or {word}" for word in param.words)
             parser.add_argument(f"--{name}", default=None, dest=f"param_{name}", metavar=name.upper(),
-                                help=f"({takers}) {param.help}; {allowed}, default {param.default}")
+                                help=f"({takers}) {param.help}; {param.span()}, default {shown(param.default)}")
     parser.add_argument("--class", dest="class_label", default=None, help="class index or name (class models; "
                         "default 0)")
-    parser.add_argument("--prompt", default=None, help="the caption (text-to-image models)")
+    parser.add_argument("--prompt", default=None,
+                        help=f"the caption (text-to-image models; at most {PROMPT_CHARS} characters)")
     parser.add_argument("--out", type=Path, default=None, help="image file (PNG, or another common format)")
     parser.add_argument("--scale", default=None, help="enlargement of the image (nearest neighbour; default 8, "
                         "or 1 for images of 128 px or more)")
@@ -153,6 +165,8 @@ def generate_image(argv: list[str] | None) -> int:
     print(f"{stats.method} {stats.params} draft={stats.draft}: tau={stats.tau:.3f} "
           f"target_forwards={stats.target_forwards} drafter_forwards={stats.drafter_forwards} "
           f"relaxation_cost={stats.relaxation_cost:.4f} time={stats.seconds['total']:.3f}s")
+    if not args.out:  # a stats-only run is legitimate, so nothing is written unasked; but say so
+        print("no --out given: the image was not written (add --out img.png to write it)")
     return 0
 
 

@@ -1,13 +1,16 @@
 """Parameter checking: one validation helper (:func:`number`) and the schema types a rule's parameters are
 declared with (:class:`Param`, :class:`Choice`). The rule registry (:mod:`coolsd.core.rules`) holds the method
 parameters; :data:`PARAMS` holds the others (sampling, seed, timing). The app's controls, its API, ``generate``
-and ``bench`` all check values here, and the parameter table of docs/app.md lists the same numbers."""
+and ``bench`` all check values here, and the parameter table of docs/app.md lists the same numbers. Every command line
+ends on bad input with one ``error:`` line and exit code 2 (:class:`OneLineParser`, :func:`run_command`)."""
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 def clip(text: str, limit: int) -> str:
@@ -50,13 +53,18 @@ def number(name: str, value: Any, low: float | None = None, high: float | None =
     return number_value
 
 
+def show_number(value: float) -> str:
+    """A range end as people write it: a whole number in full (``2147483647``, where ``:g`` gives
+    ``2.14748e+09``), any other in ``:g``'s short form (``0.05``)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def describe_range(low: float | None, high: float | None, above: float | None = None) -> str:
     """``between 0.05 and 5``, ``> 0``, ``>= 1``, or ``any finite number``."""
     if low is not None and high is not None:
-        return f"between {low:g} and {high:g}"
-    parts = ([f"> {above:g}"] if above is not None else []) + ([f">= {low:g}"] if low is not None else []) + \
-        ([f"<= {high:g}"] if high is not None else [])
-    return " and ".join(parts) or "any finite number"
+        return f"between {show_number(low)} and {show_number(high)}"
+    bounds = ((">", above), (">=", low), ("<=", high))
+    return " and ".join(f"{sign} {show_number(end)}" for sign, end in bounds if end is not None) or "any finite number"
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,10 @@ class Param:
     integer: bool = False
     help: str = ""
     words: tuple[str, ...] = ()
+
+    def span(self) -> str:
+        """The allowed values as a command line's help gives them: ``0 to 2147483647``, ``-5 to 5 or auto``."""
+        return f"{show_number(self.low)} to {show_number(self.high)}" + "".join(f" or {word}" for word in self.words)
 
     def check(self, value: Any, high: float | None = None) -> float | int | str:
         """A number in ``[low, high]`` (or one of ``words``), else a ValueError that names the parameter, the
@@ -101,6 +113,19 @@ class Choice:
         return value
 
 
+PROMPT_CHARS = 1000  # the longest prompt the app and the command line accept (T5 reads only the caption slots)
+
+
+def check_prompt(prompt: Any) -> str:
+    """A text model's prompt: a non-empty string of at most :data:`PROMPT_CHARS` characters, stripped; the app
+    and ``generate`` refuse the same prompts with the same message."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"prompt must be a non-empty text for a text-to-image model, got {shorten(prompt)}")
+    if len(prompt) > PROMPT_CHARS:
+        raise ValueError(f"prompt must be at most {PROMPT_CHARS} characters long, got {len(prompt)} characters")
+    return prompt.strip()
+
+
 PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("cfg_scale", 0.0, 10.0, 2.0, 0.1, "CFG scale"),
     Param("temperature", 0.1, 2.0, 1.0, 0.05, "Temperature"),
@@ -114,3 +139,19 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 def check(name: str, value: Any, high: float | None = None) -> float | int:
     """``PARAMS[name].check(value)``."""
     return PARAMS[name].check(value, high)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error raises ValueError, so :func:`run_command` prints it as one ``error:`` line."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (see --help)")
+
+
+def run_command(work: Callable[[], int]) -> int:
+    """Run a command's work; a bad option or an unreadable file ends it with one ``error:`` line and exit code 2."""
+    try:
+        return work()
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

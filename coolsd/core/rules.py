@@ -86,7 +86,7 @@ class UniformRSD(AcceptanceRule):
 
     name = "uniform"
 
-    def __init__(self, delta: float = 1.0) -> None:
+    def __init__(self, delta: float = 2.0) -> None:  # a class's defaults are its schema's (test_rules checks)
         self.delta = float(number("delta", delta, above=0))
 
     def params(self) -> dict:
@@ -234,11 +234,11 @@ class Lantern(AcceptanceRule):
 @dataclass(frozen=True)
 class RuleSpec:
     """A method as users name it: ``build(params, depth, neighbours)`` makes its rule from checked parameters
-    (missing ones take the class's defaults), for a draft of ``depth`` positions; ``neighbours(count)`` is the
-    model's code-neighbour table (LANTERN++). ``params`` is the parameter schema (names, ranges, defaults,
-    labels, help); ``swept`` the one whose value varies along a family's line in the plots (its strength);
-    ``variants`` the app's entries with some parameters fixed (label -> fixed values); ``drafts`` False for
-    a method that drafts nothing (AR)."""
+    (all of them: :func:`build_rule` fills those not given from the schema's defaults), for a draft of ``depth``
+    positions; ``neighbours(count)`` is the model's code-neighbour table (LANTERN++). ``params`` is the parameter
+    schema (names, ranges, defaults, labels, help); ``swept`` the one whose value varies along a family's line in
+    the plots (its strength); ``variants`` the app's entries with some parameters fixed (label -> fixed values);
+    ``drafts`` False for a method that drafts nothing (AR)."""
 
     name: str
     label: str
@@ -255,6 +255,10 @@ class RuleSpec:
                 return spec
         raise ValueError(f"method {self.name!r} takes no parameter {shorten(name)} "
                          f"(it takes: {', '.join(p.name for p in self.params) or 'none'})")
+
+    def defaults(self) -> dict:
+        """Every parameter's default, from its schema: the one source of defaults for every front end."""
+        return {schema.name: schema.default for schema in self.params}
 
     def entries(self) -> dict[str, dict]:
         """The app's method entries: label -> fixed parameter values."""
@@ -299,15 +303,17 @@ def check_params(name: str, params: dict | None) -> dict:
 
 
 def build_rule(method: str, params: dict | None, depth: int, neighbours: Callable | None = None) -> AcceptanceRule:
-    """Method name + parameters -> acceptance rule, built once per request (see :class:`RuleSpec`)."""
-    return rule_spec(method).build(check_params(method, params), depth, neighbours)
+    """Method name + parameters -> acceptance rule, built once per request (see :class:`RuleSpec`); a parameter
+    not given takes its schema's default."""
+    spec = rule_spec(method)
+    return spec.build({**spec.defaults(), **check_params(method, params)}, depth, neighbours)
 
 
 def lantern(params: dict, depth: int, neighbours: Callable | None) -> Lantern:
     if neighbours is None:
         raise ValueError("method 'lantern' needs the tokenizer's codebook, which this model lacks")
-    k = params.get("k", 10)
-    return Lantern(neighbours(k + 1), k=k, lam=params.get("lambda", 5.0), residual=params.get("residual", "gstar"))
+    k = params["k"]
+    return Lantern(neighbours(k + 1), k=k, lam=params["lambda"], residual=params["residual"])
 
 
 DELTA = Param("delta", 0.05, 5.0, 2.0, 0.05, "δ (delta): total relaxation",

@@ -1,13 +1,14 @@
-"""``python -m coolsd.train drafter --model <preset or directory> --out <dir>``: train an Eagle-1 drafter for any
-target coolsd loads, by self-distillation.
+"""Train an Eagle-1 drafter for any target coolsd loads, by self-distillation. The target (a preset, a directory
+with model.json, a bundle directory, or a random-init shape) generates the training images; the drafter learns to
+predict its features.
 
     python -m coolsd.train drafter --model assets/fashion --out runs/fashion-drafter --images 4000 --epochs 3
-    python -m coolsd.train drafter --random-init tiny --out /tmp/tiny-drafter --images 256
+    python -m coolsd.train drafter --random-init tiny --out runs/tiny-drafter --images 256
     python -m coolsd.train drafter --model llamagen-c2i-b --out runs/b-drafter --estimate-only
 
-It prints a cost estimate measured on this device first and refuses a run over ``--max-hours`` (unless
-``--force``). Checkpoints go to ``--work`` (default ``<out>/work``); the same command resumes an interrupted run.
-The out directory loads with ``load_bundle(out)`` / ``--model out`` and has a README.md with the measured quality.
+It prints a cost estimate measured on this device first and refuses a run over --max-hours (unless --force).
+Checkpoints go to --work (default OUT/work); the same command resumes an interrupted run. The out directory
+loads with load_bundle(out) or --model OUT and has a README.md with the measured quality.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.params import number
+from ..core.params import OneLineParser, number, run_command, show_number
 from ..models.bundle import Bundle, load_bundle, random_bundle, set_threads
 from ..models.config import RANDOM_INIT_SIZES
 from ..models.registry import EXAMPLE_PROMPTS
@@ -42,30 +43,48 @@ NUMBERS = {  # option: (low, high, whole number)
 }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+# The shipped default model's own drafter stage shares the command's name: how to reach it, for the help.
+DEFAULT_MODEL_STAGE = ("The shipped default model's own drafter stage (trained on its real training images, after\n"
+                       "its target stage) runs without --model or --random-init:\n"
+                       "    python -m coolsd.train drafter --work runs/fashion [--steps N]\n"
+                       "python -m coolsd.train --help lists every stage.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every option with its help and its default in words (none reads "None")."""
     defaults = TrainConfig()
-    parser = argparse.ArgumentParser(prog="python -m coolsd.train drafter", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(prog="python -m coolsd.train drafter", description=__doc__, epilog=DEFAULT_MODEL_STAGE,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="a preset, a directory with model.json, or a bundle directory")
     which.add_argument("--random-init", choices=list(RANDOM_INIT_SIZES), help="a randomly initialised target")
     parser.add_argument("--out", type=Path, required=True, help="where the trained drafter (and its model) go")
     parser.add_argument("--work", type=Path, default=None, help="checkpoints and data shards (default: OUT/work)")
-    parser.add_argument("--prompts", type=Path, default=None, help="text models: a file of prompts, one a line")
+    parser.add_argument("--prompts", type=Path, default=None, help="a file of prompts, one a line (text models "
+                        "need it)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default $COOLSD_THREADS, 1)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: $COOLSD_THREADS, "
+                        "else 1)")
     for name in NUMBERS:
         parser.add_argument("--" + name.replace("_", "-"), default=getattr(defaults, name),
-                            help=OPTION_HELP.get(name))
-    parser.add_argument("--eval-images", type=int, default=20, help="held-out images for the quality report")
+                            help=f"{OPTION_HELP[name]} (default {show_number(getattr(defaults, name))})")
+    parser.add_argument("--eval-images", type=int, default=20, help="held-out images for the quality report "
+                        "(default 20)")
     parser.add_argument("--no-compare", action="store_true", help="do not measure the model's existing drafter")
-    parser.add_argument("--max-hours", type=float, default=12.0, help="refuse a run estimated to take longer")
+    parser.add_argument("--max-hours", type=float, default=12.0, help="refuse a run estimated to take longer "
+                        "(default 12)")
     parser.add_argument("--force", action="store_true", help="run even when the estimate exceeds --max-hours")
     parser.add_argument("--estimate-only", action="store_true", help="print the cost estimate and stop")
-    parser.add_argument("--stop-after", type=int, default=None, help="checkpoint and stop after this many steps")
+    parser.add_argument("--stop-after", type=int, default=None, help="checkpoint and stop after this many steps "
+                        "(default: run to the end)")
     parser.add_argument("--keep-data", action="store_true", help="keep the data shards on disk after the run")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, each number checked against its range."""
+    args = build_parser().parse_args(argv)
     for name, (low, high, whole) in NUMBERS.items():
         setattr(args, name, number(name.replace("_", "-"), getattr(args, name), low, high, integer=whole))
     number("eval-images", args.eval_images, 1, 10**6, integer=True)
@@ -76,9 +95,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 OPTION_HELP = {
     "images": "self-distilled images to generate", "epochs": "passes over them", "batch": "images per step",
     "lr": "AdamW peak learning rate", "warmup": "fraction of the steps spent warming up (then cosine decay)",
+    "weight_decay": "AdamW weight decay", "grad_clip": "gradient norm clipped to this",
     "noise": "uniform noise U(-noise, noise) on the input features", "unconditional": "fraction of CFG-null rows",
-    "ce_weight": "weight of the soft cross-entropy next to SmoothL1", "gen_batch": "images generated per batch",
-    "memory_gb": "data up to this size stays in memory, larger goes to disk in shards",
+    "ce_weight": "weight of the soft cross-entropy next to SmoothL1", "seed": "seed of the data and the training",
+    "gen_batch": "images generated per batch",
+    "memory_gb": "data up to this size (GB) stays in memory, larger goes to disk in shards",
+    "checkpoint_every": "steps between checkpoints",
 }
 
 
@@ -173,10 +195,6 @@ def summarise(record: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; a bad or missing option ends it with one ``error:`` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = parse_args(argv)
-        return run(args, argv)
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_command(lambda: run(parse_args(argv), argv))

@@ -23,6 +23,7 @@ from .config import CONFIGS, RANDOM_INIT_SIZES, ModelConfig
 from .decoders import CodebookShade
 from .eagle import Drafter
 from .gpt import Transformer
+from .registry import HUB, class_names, model_config, model_file, read_spec, resolve
 from .steps import unwrapped, with_steps
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -205,10 +206,33 @@ def load_extras(path: Path, config: ModelConfig) -> dict[str, Any]:
     return found
 
 
+def load_model_json(path: Path, device: str | None = None) -> Bundle:
+    """A LlamaGen-family model (target, optional drafter, VQ-16 decoder, optional T5) as a Bundle."""
+    from .lantern import load_lantern_drafter
+    from .llamagen import load_llamagen_gpt
+    from .vq16 import load_vq16
+
+    spec, base = read_spec(path), path.parent
+    config = model_config(spec)
+    target = load_llamagen_gpt(resolve(spec["gpt"], base), spec["model_args"])
+    drafter = load_lantern_drafter(resolve(spec["drafter"], base, True), config) if spec.get("drafter") else None
+    image = load_vq16(resolve(spec["vq"], base), spec["vq_args"], (config.grid_height, config.grid_width))
+    text_encoder = None
+    if config.text_conditioned and spec.get("t5"):
+        from .text import CaptionEncoder
+        t5 = spec["t5"]
+        text_encoder = CaptionEncoder(str(resolve(t5, base, True)) if t5.startswith(HUB) or (base / t5).exists()
+                                      else t5, slots=config.cls_token_num)
+    bundle = Bundle(target, drafter, image.codebook, name=spec.get("name", path.parent.name if path.name ==
+                                                                   "model.json" else path.stem),
+                    class_names=class_names(spec, config), sampling=SamplingConfig(**spec.get("sampling", {})),
+                    decoder=image, info=spec, path=path.parent, text_encoder=text_encoder)
+    return bundle.to(pick_device(device))
+
+
 def load_bundle(path: str | Path | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Bundle:
     """Load a model onto ``device`` (default: CUDA if present, in bf16 there): the shipped model by default, one
     of our bundle directories, or a ``model.json`` model or preset (:mod:`coolsd.models.registry`)."""
-    from .registry import load_model_json, model_file
     described = model_file(path) if path else None
     if described is not None:
         bundle = load_model_json(described, device)

@@ -1,6 +1,7 @@
 """Models by name: a model is a directory with ``model.json`` (or one of our own bundles, ``config.json``), and
-a preset is such a file shipped in ``assets/models/`` whose files are hub references. One call turns any of
-them into a :class:`~coolsd.models.bundle.Bundle`.
+a preset is such a file shipped in ``assets/models/`` whose files are hub references. This module reads and
+resolves them; :func:`coolsd.models.bundle.load_bundle` turns any of them into a Bundle (it imports this module,
+never the other way round).
 
 ``model.json`` (the contract outside tools rely on)::
 
@@ -19,9 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-from ..core.sampling import SamplingConfig
 from .config import ModelConfig
 
 PRESETS = Path(__file__).resolve().parents[2] / "assets" / "models"
@@ -135,28 +134,3 @@ def hub_cached(value: str, directory: bool = False, cache_dir: str | None = None
         return Path(snapshot_download(f"{owner}/{repo}", local_files_only=True, cache_dir=cache_dir)).is_dir()
     except Exception:  # not cached, or an unreadable cache: not available offline
         return False
-
-
-def load_model_json(path: Path, device: str | None = None) -> Any:
-    """A LlamaGen-family model (target, optional drafter, VQ-16 decoder, optional T5) as a Bundle."""
-    from .bundle import Bundle, pick_device
-    from .lantern import load_lantern_drafter
-    from .llamagen import load_llamagen_gpt
-    from .vq16 import load_vq16
-
-    spec, base = read_spec(path), path.parent
-    config = model_config(spec)
-    target = load_llamagen_gpt(resolve(spec["gpt"], base), spec["model_args"])
-    drafter = load_lantern_drafter(resolve(spec["drafter"], base, True), config) if spec.get("drafter") else None
-    image = load_vq16(resolve(spec["vq"], base), spec["vq_args"], (config.grid_height, config.grid_width))
-    text_encoder = None
-    if config.text_conditioned and spec.get("t5"):
-        from .text import CaptionEncoder
-        t5 = spec["t5"]
-        text_encoder = CaptionEncoder(str(resolve(t5, base, True)) if t5.startswith(HUB) or (base / t5).exists()
-                                      else t5, slots=config.cls_token_num)
-    bundle = Bundle(target, drafter, image.codebook, name=spec.get("name", path.parent.name if path.name ==
-                                                                   "model.json" else path.stem),
-                    class_names=class_names(spec, config), sampling=SamplingConfig(**spec.get("sampling", {})),
-                    decoder=image, info=spec, path=path.parent, text_encoder=text_encoder)
-    return bundle.to(pick_device(device))

@@ -1,11 +1,6 @@
-"""Training of the shipped default model, stage by stage (fixed seeds, resumable checkpoints).
-
-    python -m coolsd.train judge        # CNN classifier, the quality judge
-    python -m coolsd.train tokenizer    # VQ autoencoder (needs the judge: its features are a perceptual loss)
-    python -m coolsd.train target       # class-conditional LlamaGen-style transformer on the VQ codes
-    python -m coolsd.train drafter      # Eagle-1 head on the target's features of the training images
-    python -m coolsd.train export       # write the bundle to assets/ (safetensors + JSON)
-    python -m coolsd.train codes        # tokenize the training set with the work folder's tokenizer
+"""Training of the shipped default model, stage by stage (fixed seeds, resumable checkpoints): judge, tokenizer,
+target, drafter, export, in that order (:data:`STAGE_HELP` says what each does; ``python -m coolsd.train --help``
+prints it). A drafter for any other target is :mod:`coolsd.distill`'s.
 
 ``--shape`` (a name in ``coolsd.models.config.CONFIGS``, default ``fashion``) picks the target's shape; the target
 stage records it and later stages read it back.
@@ -19,6 +14,7 @@ import argparse
 import json
 import math
 import shutil
+import textwrap
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from ..core.params import OneLineParser, run_command
 from ..core.sampling import SamplingConfig
 from ..models.bundle import DEFAULT_MODEL, Bundle, save_bundle
 from ..models.config import CONFIGS, ModelConfig
@@ -300,19 +297,57 @@ STAGES: dict[str, Callable[[StageContext, dict], None]] = {
     "judge": stage_judge, "tokenizer": stage_tokenizer, "target": stage_target, "drafter": stage_drafter,
     "export": stage_export, "codes": stage_codes,
 }
+STAGE_HELP = {  # one line each, for the help
+    "judge": "CNN classifier, the quality judge",
+    "tokenizer": "VQ autoencoder (needs the judge: its features are a perceptual loss)",
+    "target": "class-conditional LlamaGen-style transformer on the VQ codes",
+    "drafter": "Eagle-1 head on the target's features of the training images",
+    "export": "write the bundle (safetensors + JSON) to --out, default the shipped model's folder",
+    "codes": "tokenize the training set with the work folder's tokenizer (to train another target on its codes)",
+}
+
+
+def help_lines(rows: list[tuple[str, str]], width: int = 100) -> str:
+    """``name  what it does`` rows, the descriptions aligned and wrapped under themselves."""
+    indent = max(len(name) for name, _ in rows) + 4
+    return "\n".join(textwrap.fill(text, width, initial_indent=f"  {name:<{indent - 4}}  ",
+                                    subsequent_indent=" " * indent, break_on_hyphens=False) for name, text in rows)
+
+
+def stage_lines() -> str:
+    """The stages in order, one line each (``drafter`` marked as the one without ``--model``)."""
+    return help_lines([("drafter (without --model)" if name == "drafter" else name, STAGE_HELP[name])
+                       for name in STAGES])
+
+
+def build_parser() -> OneLineParser:
+    """One stage name plus folder, step-count, thread and shape options."""
+    parser = OneLineParser(prog="python -m coolsd.train", formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description=f"Train the shipped default model, one stage at a time, in this order "
+                                       f"(checkpoints resume):\n{stage_lines()}",
+                           epilog="A drafter for any other target:\n"
+                                  "    python -m coolsd.train drafter --model M --out DIR\n"
+                                  "(see python -m coolsd.train drafter --help).")
+    parser.add_argument("stage", choices=list(STAGES), metavar="STAGE", help=", ".join(STAGES))
+    parser.add_argument("--work", type=Path, default=Path("runs/fashion"), help="checkpoints and stage outputs "
+                        "(default: runs/fashion)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="bundle directory written by export "
+                        "(default: the shipped model's)")
+    parser.add_argument("--steps", type=int, default=None, help="override the stage's step count")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--shape", choices=list(CONFIGS), default=None,
+                        help="target shape (default: the one the target stage recorded, else fashion)")
+    return parser
+
+
+def stage_options() -> set[str]:
+    """The options a stage takes (``--help`` aside): ``coolsd.train`` sends ``drafter`` with any other option to
+    the general drafter trainer."""
+    return {option for action in build_parser()._actions for option in action.option_strings} - {"-h", "--help"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line: one stage name plus folder, step-count and thread options."""
-    parser = argparse.ArgumentParser(prog="python -m coolsd.train", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=list(STAGES))
-    parser.add_argument("--work", type=Path, default=Path("runs/fashion"), help="checkpoints and stage outputs")
-    parser.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="bundle directory written by export")
-    parser.add_argument("--steps", type=int, default=None, help="override the stage's step count")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--shape", choices=list(CONFIGS), default=None,
-                        help="target shape (default: the one the target stage recorded, else fashion)")
-    return parser.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 def stage_schedule(stage: str, steps: int | None) -> Schedule | None:
@@ -324,18 +359,18 @@ def stage_schedule(stage: str, steps: int | None) -> Schedule | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one stage; a training stage also records its results and wall time in ``work/log.json``."""
-    args = parse_args(argv)
+    """Run one stage; a bad option or missing data ends it with one ``error:`` line and exit code 2."""
+    return run_command(lambda: run_stage(parse_args(argv)))
+
+
+def run_stage(args: argparse.Namespace) -> int:
+    """One stage; a training stage also records its results and wall time in ``work/log.json``."""
     if args.threads:
         torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     schedule = stage_schedule(args.stage, args.steps)
     started = time.time()
-    try:
-        train, test = load_split("train"), load_split("test")
-    except FileNotFoundError as error:
-        print(f"error: {error}")
-        return 2
+    train, test = load_split("train"), load_split("test")
     log = read_log(args.work)
     STAGES[args.stage](StageContext(args.work, args.out, schedule, train, test, target_config(args.shape, log)), log)
     if args.stage != "export":
