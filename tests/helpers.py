@@ -6,6 +6,8 @@ import itertools
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 from torch import nn
 
 from coolsd.core.decode import Generation, generate
@@ -159,3 +161,37 @@ def markdown_table(text: str, header: str) -> list[list[str]]:
             break
         rows.append([cell.strip() for cell in line.strip()[1:-1].split("|")])
     return rows
+
+
+# Figures as the app shows them: a PNG at the figure's dpi, scaled to its panel's width -----------------------
+PHONE_PANEL, DESKTOP_PANEL, DESKTOP_MAP_PANEL = 360, 800, 400  # px: the app's panels (two maps side by side)
+
+
+def hidden_tick_labels(fig: Figure) -> set[int]:
+    """Tick labels matplotlib keeps outside an axis's view limits (never drawn)."""
+    hidden = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                if not low - 1e-9 <= tick.get_loc() <= high + 1e-9:
+                    hidden |= {id(tick.label1), id(tick.label2)}
+    return hidden
+
+
+def shown_texts(fig: Figure) -> list[Text]:
+    """Every text artist the figure draws (with text, visible, not a tick label outside the view)."""
+    hidden = hidden_tick_labels(fig)
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text() and id(t) not in hidden]
+
+
+def on_screen_px(text: Text, fig: Figure, panel: float) -> float:
+    """A text's height on screen: its size in the PNG (points at the figure's dpi) scaled to the panel's width."""
+    return text.get_fontsize() * fig.dpi / 72 * panel / (fig.get_figwidth() * fig.dpi)
+
+
+def small_texts(fig: Figure, panel: float) -> list[tuple[str, float]]:
+    """Every drawn text under 10 px on screen in a panel ``panel`` px wide (legends and tick labels too)."""
+    fig.canvas.draw()
+    return [(t.get_text(), round(on_screen_px(t, fig, panel), 1)) for t in shown_texts(fig)
+            if on_screen_px(t, fig, panel) < 10]

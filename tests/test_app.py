@@ -5,6 +5,7 @@ import logging
 import gradio as gr
 import numpy as np
 import pytest
+from helpers import DESKTOP_MAP_PANEL, DESKTOP_PANEL, PHONE_PANEL, small_texts
 from matplotlib.figure import Figure
 from PIL import Image
 
@@ -379,12 +380,82 @@ def test_every_quality_axis_draws_every_run_of_the_shipped_study(metric):
     """Each quality measure the tab offers draws, in each draft's panel, one point with an interval bar for
     every run of the shipped study on that draft."""
     study = views.load_bench(app.BUNDLE)
-    fig = views.tradeoff_figure(app.BUNDLE, None, metric)
+    every, _ = views.tradeoff_families(app.BUNDLE)
+    fig, note = views.tradeoff_panel(app.BUNDLE, None, metric, families=list(every.values()))
+    assert note == ""
     for draft in study["drafts"]:
         ax = next(ax for ax in fig.axes if ax.get_title() == draft)
         drawn = sorted(x for container in ax.containers for x in container.lines[0].get_xdata())
         expected = sorted(run["tau"] for run in study["runs"] if run["draft"] == draft and metric in run["vs_eagle"])
         assert len(expected) >= 40 and drawn == expected
+
+
+def comparison(**changes) -> session.Comparison:
+    return session.Comparison(session.parse_controls(app.BUNDLE, controls(**changes)), None, None)
+
+
+def test_tradeoff_says_when_the_setting_is_not_on_the_studys_grid():
+    """The note beside the figure, as text for the UI: why there is no star (a setting the study did not run,
+    other sampling), nothing when the setting is starred."""
+    def stars(fig):
+        return [line for ax in fig.axes for line in ax.get_lines() if line.get_label() == "current setting"]
+    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="COOL-SD", delta=2.0))
+    assert note == "" and len(stars(fig)) == 1
+    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="COOL-SD", delta=2.5))
+    assert not stars(fig)
+    assert note == ("the current setting (COOL-SD (μ=auto, ν=0.7, exp), δ=2.5, chain:5) is not on the study's grid:"
+                    " no star.")
+    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="COOL-SD", delta=2.0, cfg=3.0))
+    assert not stars(fig) and note == "the current sampling is not the study's: cfg_scale 3.0 (study: 2.0): no star."
+    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="AR (no drafting)"))
+    assert not stars(fig) and "noise floor" in note
+
+
+def test_tradeoff_says_when_the_model_has_no_study():
+    from coolsd.models.bundle import random_bundle
+    bundle = random_bundle("tiny")
+    assert views.tradeoff_panel(bundle, None) == (
+        None, "this model (random-tiny) has no shipped study: no bench_results.json beside its weights.")
+    assert views.tradeoff_families(bundle) == ({}, [])
+
+
+def test_tradeoff_starts_on_the_quietest_measure_with_the_default_series():
+    assert views.default_metric(app.BUNDLE) == "log_likelihood_per_token"
+    fig, _ = views.tradeoff_panel(app.BUNDLE, None)
+    assert fig.axes[0].get_ylabel().replace("\n", " ") == plots.DIFFERENCE_LABELS["log_likelihood_per_token"]
+    every, default = views.tradeoff_families(app.BUNDLE)
+    assert default == ["eagle", "cool (nu=0.7, schedule=exp)", "uniform", "lantern (residual=gstar)"]
+    assert set(default) < set(every.values()) and "ar" not in every.values()
+    assert {c.get_label() for c in fig.axes[0].containers} == {
+        label for label, key in every.items() if key in default}
+    fig, note = views.tradeoff_panel(app.BUNDLE, None, families=["cool (nu=9)"])
+    assert fig is None and note.startswith("families: unknown series 'cool (nu=9)'")
+
+
+def test_every_figure_of_the_app_is_readable_on_a_phone_and_a_desktop(generated):
+    """At 360 px (phone, narrow=True) and at 800 px (desktop; each acceptance map 400 px) every text of every
+    figure the app shows is at least 10 px high on screen."""
+    result = generated[5]
+    bundle = app.BUNDLE
+    for narrow in (False, True):
+        shown = dict(views.figures(bundle, result, narrow=narrow))
+        shown["replay"] = views.replay_figure(bundle, result, 1, narrow=narrow)
+        shown["theory"] = views.theory_panel(bundle, result, result.request, "last generation", narrow=narrow)[0]
+        shown["tradeoff"] = views.tradeoff_panel(bundle, result, narrow=narrow)[0]
+        for name, fig in shown.items():
+            panel = PHONE_PANEL if narrow else DESKTOP_MAP_PANEL if name.startswith("map") else DESKTOP_PANEL
+            assert not small_texts(fig, panel), (name, narrow)
+
+
+@pytest.mark.parametrize("method, omega", [("COOL-SD", True), ("UniformRSD", True), ("Eagle-1 (lossless)", False),
+                                           ("LANTERN++ with G*", False)])
+def test_theory_draws_omega_only_for_a_rule_with_a_schedule(generated, method, omega):
+    request = session.parse_controls(app.BUNDLE, controls(method=method))
+    fig, table, _ = views.theory_panel(app.BUNDLE, generated[5], request, "last generation")
+    curves = [line for ax in fig.axes for line in ax.get_lines() if "omega" in line.get_label()]
+    assert bool(curves) == omega
+    if omega:
+        assert list(curves[0].get_ydata()) == table["omega"]
 
 
 @pytest.mark.parametrize("at_once", [True, False])

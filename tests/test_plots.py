@@ -9,12 +9,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import named
+from helpers import DESKTOP_MAP_PANEL, DESKTOP_PANEL, PHONE_PANEL, named, shown_texts, small_texts
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from matplotlib.patches import Rectangle
 from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from coolsd.app import plots, session
+from coolsd.core.stats import BONUS, FIRST, RESAMPLED, Candidate, GenerationStats, Round
+from coolsd.core.trees import parse_draft
 from coolsd.models.bundle import random_bundle
 
 DRAFT = "chain:3"
@@ -39,31 +45,52 @@ def bench_runs():
 
 
 THEORY_TABLE = {"depth": [1, 2, 3], "beta": [0.9, 0.7, 0.4], "cost": [0.2, 0.1, 0.0], "reach": [1.0, 0.9, 0.63],
-                "expected_accepted": 2.1, "tv_bound": 0.3}
+                "expected_accepted": 2.1, "tv_bound": 0.3, "omega": [2.5, 2.0, 1.5]}
+STUDY = Path(__file__).parent.parent / "assets" / "fashion" / "bench_results.json"
 
 
-def every_figure(runs, bench_runs) -> dict[str, Figure]:
+@pytest.fixture(scope="module")
+def shipped_study() -> dict:
+    return json.loads(STUDY.read_text())
+
+
+def every_figure(runs, bench_runs, study, narrow: bool) -> dict[str, Figure]:
     cool, eagle, ar = (runs["made"][m].stats for m in ("cool", "eagle", "ar"))
     image, grid = runs["image"], runs["grid"]
     with_eagle = [("COOL-SD", cool), ("Eagle-1", eagle)]
     ar_and_eagle = [("AR (no drafting)", ar), ("Eagle-1", eagle)]
     return {
-        "per_position": plots.per_position(with_eagle, cool.omegas),
-        "per_position_ar": plots.per_position(ar_and_eagle),
-        "lengths": plots.accepted_lengths(with_eagle),
-        "lengths_ar": plots.accepted_lengths(ar_and_eagle),
-        "map": plots.acceptance_map(image, cool, grid, "COOL-SD"),
-        "map_ar": plots.acceptance_map(image, ar, grid, "AR (no drafting)"),
-        "replay": plots.replay(image, cool, grid, 1),
-        "theory": plots.theory(THEORY_TABLE, "COOL-SD"),
-        "tradeoff_fid": plots.tradeoff(bench_runs, (3.57, 7.55), y_key="fid"),
-        "tradeoff_accuracy": plots.tradeoff(bench_runs, None, y_key="judge_accuracy"),
+        "per_position": plots.per_position(with_eagle, cool.omegas, narrow=narrow),
+        "per_position_ar": plots.per_position(ar_and_eagle, narrow=narrow),
+        "lengths": plots.accepted_lengths(with_eagle, narrow=narrow),
+        "lengths_ar": plots.accepted_lengths(ar_and_eagle, narrow=narrow),
+        "map": plots.acceptance_map(image, cool, grid, "COOL-SD", narrow=narrow),
+        "map_ar": plots.acceptance_map(image, ar, grid, "AR (no drafting)", narrow=narrow),
+        "replay": plots.replay(image, cool, grid, 1, narrow=narrow),
+        "replay_prefill": plots.replay(image, cool, grid, 0, narrow=narrow),
+        "theory": plots.theory(THEORY_TABLE, "COOL-SD", narrow=narrow),
+        "tradeoff_fid": plots.tradeoff(bench_runs, (3.57, 7.55), y_key="fid", families=ALL_PLAIN, narrow=narrow),
+        "tradeoff_accuracy": plots.tradeoff(bench_runs, None, y_key="judge_accuracy", narrow=narrow),
+        "study_quality": plots.study_quality(study, None, ("chain:5", 3.74, -0.1), narrow=narrow),
+        "study_every_family": plots.study_quality(study, "fid", families=plots.family_choices(study["runs"]).values(),
+                                                  narrow=narrow),
+        "study_speedup": plots.study_speedup(study, narrow=narrow),
+        "study_acceptance": plots.study_acceptance(study, narrow=narrow),
     }
 
 
+ALL_PLAIN = ["ar", "eagle", "cool", "uniform", "lantern (residual=lantern)", "lantern (residual=gstar)",
+             "cool (nu=0.3, schedule=exp)", "cool (nu=0.3, schedule=linear)"]  # every series of plain_bench.json
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["desktop", "phone"])
+def narrow(request) -> bool:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def figures(runs, bench_runs):
-    made = every_figure(runs, bench_runs)
+def figures(runs, bench_runs, shipped_study, narrow):
+    made = every_figure(runs, bench_runs, shipped_study, narrow)
     for fig in made.values():
         if not isinstance(fig.canvas, FigureCanvasAgg):  # a bare Figure() cannot measure its artists
             FigureCanvasAgg(fig)
@@ -72,11 +99,11 @@ def figures(runs, bench_runs):
 
 
 def legends(fig: Figure) -> list:
-    return list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    return fig.findobj(Legend)  # the figure's, its subfigures' and its axes'
 
 
 def texts(fig: Figure) -> list[str]:
-    return [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+    return [t.get_text() for t in shown_texts(fig)]
 
 
 def overlap_area(a, b) -> float:
@@ -97,14 +124,42 @@ def test_legends_sit_beside_the_data_and_inside_the_figure(figures):
             assert whole.y0 - 1 <= box.y0 and box.y1 <= whole.y1 + 1, f"{name}: legend cut off at top or bottom"
 
 
-def test_text_is_readable(figures):
-    """8 pt is about 11 px at the app's 100 dpi."""
+
+
+def panel_width(name: str, narrow: bool) -> int:
+    return PHONE_PANEL if narrow else DESKTOP_MAP_PANEL if name.startswith("map") else DESKTOP_PANEL
+
+
+def test_text_is_at_least_10_px_on_screen(figures, narrow):
+    """A phone's panel (about 360 px) shows a PNG scaled to its width: an 8 in figure's 8 pt text came out at
+    5 px there. Each layout keeps every text at 10 px or more in its own panel."""
     for name, fig in figures.items():
-        for legend in legends(fig):
-            assert all(t.get_fontsize() >= 8 for t in legend.get_texts()), name
-        small = [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text)
-                 if t.get_visible() and t.get_text() and t.get_fontsize() < 8]
-        assert not small, f"{name}: {small}"
+        assert not small_texts(fig, panel_width(name, narrow)), name
+
+
+def test_text_stays_inside_the_figure(figures):
+    """Wrapped titles and labels, and stacked legends, fit the figure's width: nothing is cut off."""
+    for name, fig in figures.items():
+        renderer, whole = fig.canvas.get_renderer(), fig.bbox
+        for text in shown_texts(fig):
+            box = text.get_window_extent(renderer)
+            assert whole.x0 - 1 <= box.x0 and box.x1 <= whole.x1 + 1, f"{name}: {text.get_text()!r} cut off"
+            assert whole.y0 - 1 <= box.y0 and box.y1 <= whole.y1 + 1, f"{name}: {text.get_text()!r} cut off"
+
+
+def test_phone_layout_stacks_side_by_side_panels(runs, shipped_study):
+    cool, eagle = runs["made"]["cool"].stats, runs["made"]["eagle"].stats
+    for draw in (lambda narrow: plots.accepted_lengths([("COOL-SD", cool), ("Eagle-1", eagle)], narrow=narrow),
+                 lambda narrow: plots.study_quality(shipped_study, narrow=narrow),
+                 lambda narrow: plots.replay(runs["image"], cool, runs["grid"], 1, narrow=narrow)):
+        wide, phone = draw(False), draw(True)
+        for fig in (wide, phone):
+            fig.canvas.draw()
+        left, right = (ax.get_window_extent() for ax in wide.axes[:2])
+        top, below = (ax.get_window_extent() for ax in phone.axes[:2])
+        assert right.x0 > left.x1 and abs(right.y0 - left.y0) < 0.2 * left.height  # side by side
+        assert top.y0 > below.y1  # one above the other
+        assert phone.get_figwidth() == plots.PHONE_WIDTH
 
 
 def test_every_figure_has_a_title(figures):
@@ -138,9 +193,9 @@ def test_integer_quantities_get_integer_ticks(figures):
 
 
 def test_replay_explains_its_colours(figures):
-    (legend,) = legends(figures["replay"])
-    labels = " | ".join(t.get_text() for t in legend.get_texts())
-    for colour in ("accepted draft", "resampled after a rejection", "bonus", "not yet generated", "earlier tokens"):
+    labels = " | ".join(t.get_text() for legend in legends(figures["replay"]) for t in legend.get_texts())
+    for colour in ("accepted draft", "resampled after a rejection", "bonus", "not yet generated", "earlier tokens",
+                   "accepted", "tested, rejected", "drafted, not tested", "invalid draw", "R: resampled"):
         assert colour in labels
 
 
@@ -180,18 +235,71 @@ def test_tradeoff_uses_the_apps_names(figures):
     assert figures["tradeoff_accuracy"].axes[0].get_ylabel().startswith("class consistency")
 
 
-def test_tradeoff_labels_every_point(figures, bench_runs):
-    (ax,) = figures["tradeoff_fid"].axes
-    labels = [t.get_text() for t in ax.texts]
-    assert len(labels) == sum(run.get("fid") is not None for run in bench_runs)
-    assert {"δ=2", "δ=1.1", "k=10, λ=5", "k=5, λ=2", "AR", "Eagle-1"} <= set(labels)
+def label_boxes(ax) -> list:
+    """Each point label's text (a far label's leader line starts at its point: not part of the box)."""
+    renderer = ax.figure.canvas.get_renderer()
+    return [Text.get_window_extent(text, renderer) for text in ax.texts]
 
 
-def test_tradeoff_warns_that_small_fid_differences_are_noise(figures, bench_runs):
-    assert any("about ±1 are noise at 200 images" in text for text in texts(figures["tradeoff_fid"]))
-    assert not any("noise" in text for text in texts(figures["tradeoff_accuracy"]))
-    bigger = plots.tradeoff(bench_runs, None, y_key="fid", images=800)
-    assert any("about ±0.5 are noise at 800 images" in text for text in texts(bigger))
+def marker_boxes(ax) -> list:
+    """A 6 pt square around every marker the axes draw (lines' points and error bars' centres)."""
+    half = 3 * ax.figure.dpi / 72
+    points = [xy for line in ax.get_lines() if line.get_marker() not in (None, "None", "")
+              for xy in ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()]))]
+    return [Bbox.from_bounds(x - half, y - half, 2 * half, 2 * half) for x, y in points]
+
+
+def test_tradeoff_labels_every_point_of_the_default_series(bench_runs, narrow):
+    fig = plots.tradeoff(bench_runs, None, y_key="fid", narrow=narrow)
+    (ax,) = fig.axes
+    drawn = [run for run in bench_runs if plots.family(run) in plots.default_families(bench_runs)]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(plots.point_label(run) for run in drawn)
+    assert {"δ=2", "δ=1.1", "k=10, λ=5", "k=5, λ=2", "AR", "Eagle-1"} <= {t.get_text() for t in ax.texts}
+
+
+def test_point_labels_cover_no_marker_and_no_other_label(figures):
+    """Labels go beside their points; in a dense cluster a point may stay unlabelled, never covered."""
+    for name in ("tradeoff_fid", "study_quality", "study_every_family"):
+        for ax in figures[name].axes:
+            labels, markers = label_boxes(ax), marker_boxes(ax)
+            for i, box in enumerate(labels):
+                assert not any(overlap_area(box, other) > 1 for other in labels[i + 1:]), name
+                assert not any(overlap_area(box, marker) > 1 for marker in markers), (name, ax.texts[i].get_text())
+
+
+def test_the_plain_benchmark_measures_its_own_noise(bench_runs):
+    """No study: the note gives AR minus Eagle-1 of the benchmark itself (the same distribution, so one measure
+    of the noise), not a fixed "about ±1 at 200 images"; without that pair it says the noise is unknown."""
+    value = {run["method"]: run["fid"] for run in bench_runs if run["method"] in ("ar", "eagle")}
+    said = f"AR and Eagle-1 (the same distribution) differ by {abs(value['ar'] - value['eagle']):.2g} here"
+    assert said == "AR and Eagle-1 (the same distribution) differ by 2.4 here"
+    for narrow in (False, True):
+        shown = " ".join(texts(plots.tradeoff(bench_runs, None, y_key="fid", narrow=narrow))).replace("\n", " ")
+        assert said in shown and "±1" not in shown
+    without = [run for run in bench_runs if run["method"] != "ar"]
+    assert any("noise unknown" in text for text in texts(plots.tradeoff(without, None, y_key="fid")))
+    assert not hasattr(plots, "fid_noise")
+
+
+def test_tradeoff_draws_the_default_series_and_the_others_on_demand(bench_runs):
+    """By default each method at the app's default parameters; every other series when asked for by key."""
+    choices = plots.family_choices(bench_runs)
+    assert choices == {"AR (no drafting)": "ar", "Eagle-1 (lossless)": "eagle", "COOL-SD": "cool",
+                       "UniformRSD": "uniform", "LANTERN++": "lantern (residual=lantern)",
+                       "LANTERN++ with G*": "lantern (residual=gstar)",
+                       "COOL-SD (ν=0.3, exp)": "cool (nu=0.3, schedule=exp)",
+                       "COOL-SD (ν=0.3, linear)": "cool (nu=0.3, schedule=linear)"}
+    assert plots.default_families(bench_runs) == ["ar", "eagle", "cool", "uniform", "lantern (residual=gstar)"]
+    shown = {t.get_text() for legend in legends(plots.tradeoff(bench_runs, None)) for t in legend.get_texts()}
+    assert shown == {"AR (no drafting)", "Eagle-1 (lossless)", "COOL-SD", "UniformRSD", "LANTERN++ with G*"}
+    picked = plots.tradeoff(bench_runs, None, families=["cool (nu=0.3, schedule=linear)", "eagle"])
+    lines = {line.get_label(): line for line in picked.axes[0].get_lines()}
+    assert set(lines) == {"COOL-SD (ν=0.3, linear)", "Eagle-1 (lossless)"}
+    every = plots.tradeoff(bench_runs, None, families=list(choices.values())).axes[0].get_lines()
+    colours = {line.get_label(): line.get_color() for line in every}
+    assert all(colours[label] == line.get_color() for label, line in lines.items())  # a series keeps its colour
+    with pytest.raises(ValueError, match=r"families: unknown series 'cool \(nu=9\)'; this benchmark has: ar, "):
+        plots.tradeoff(bench_runs, None, families=["cool (nu=9)"])
 
 
 def test_display_names_match_the_app():
@@ -272,3 +380,142 @@ def test_tradeoff_says_when_the_benchmark_lacks_the_measure(bench_runs):
     assert [t.get_text() for t in ax.texts] == [said]
     (ax,) = plots.tradeoff(older, None, y_key="fid").axes
     assert ax.get_lines() and not any("did not record" in t.get_text() for t in ax.texts)
+
+
+def test_the_default_measure_is_the_one_the_study_resolves_best(shipped_study, bench_runs):
+    """The study's noise floor (AR minus Eagle-1, paired 95% interval) is narrowest against the spread of the
+    configurations for the log-likelihood per token; a study whose FID floor is the narrowest picks FID."""
+    def ratio(result, metric):
+        (ar,) = [r for r in result["runs"] if r["method"] == "ar"]
+        values = [r["vs_eagle"][metric]["value"] for r in result["runs"] if r["method"] not in ("ar", "eagle")]
+        return (ar["vs_eagle"][metric]["high"] - ar["vs_eagle"][metric]["low"]) / np.std(values)
+    ratios = {metric: ratio(shipped_study, metric) for metric in ("log_likelihood_per_token", "fid", "judge_accuracy")}
+    assert min(ratios, key=ratios.get) == "log_likelihood_per_token" and ratios["fid"] > 2 * ratios[
+        "log_likelihood_per_token"]
+    assert plots.quietest_measure(shipped_study) == "log_likelihood_per_token"
+    quiet_fid = json.loads(json.dumps(shipped_study))
+    (ar,) = [r for r in quiet_fid["runs"] if r["method"] == "ar"]
+    ar["vs_eagle"]["fid"].update(low=-0.01, high=0.01)
+    assert plots.quietest_measure(quiet_fid) == "fid"
+    assert plots.quietest_measure({"runs": bench_runs}) is None  # no paired intervals to read
+    (ax, _) = plots.study_quality(shipped_study).axes
+    assert ax.get_ylabel().replace("\n", " ") == plots.DIFFERENCE_LABELS["log_likelihood_per_token"]
+
+
+def test_study_draws_its_measured_noise_floor_with_its_numbers(shipped_study, narrow):
+    (ar,) = [r for r in shipped_study["runs"] if r["method"] == "ar"]
+    for metric in ("log_likelihood_per_token", "fid"):
+        floor = ar["vs_eagle"][metric]
+        fig = plots.study_quality(shipped_study, metric, narrow=narrow)
+        for ax in fig.axes:
+            (band,) = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_facecolor()[:3] == (
+                pytest.approx((0.82, 0.82, 0.82)))]
+            assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((floor["low"], floor["high"]))
+        said = " ".join(t.get_text() for legend in legends(fig) for t in legend.get_texts())
+        assert f"{floor['value']:+.3g} [{floor['low']:+.3g}, {floor['high']:+.3g}]" in said
+        assert "noise floor (AR − Eagle-1)" in said
+        assert not [text for text in texts(fig) if "±" in text or "200 images" in text]
+
+
+def test_study_labels_its_points_with_their_strength(shipped_study, narrow):
+    fig = plots.study_quality(shipped_study, narrow=narrow)
+    for ax, draft in zip(fig.axes, shipped_study["drafts"]):
+        drawn = [r for r in shipped_study["runs"] if r["draft"] == draft
+                 and plots.family(r) in plots.default_families(shipped_study["runs"], study=True)]
+        labels = [t.get_text() for t in ax.texts]
+        assert len(labels) >= len(drawn) / 2 and set(labels) <= {plots.point_label(r) for r in drawn}
+        assert {"δ=1.1", "δ=2", "δ=4"} <= set(labels)
+
+
+def test_study_draws_fewer_series_by_default_and_every_one_on_demand(shipped_study):
+    runs = shipped_study["runs"]
+    assert plots.default_families(runs, study=True) == ["eagle", "cool (nu=0.7, schedule=exp)", "uniform",
+                                                        "lantern (residual=gstar)"]
+    every = plots.family_choices(runs, study=True)
+    assert len(every) == 7 and "AR (no drafting)" not in every
+    for families, count in ((None, 4), (list(every.values()), 7), (["uniform"], 1)):
+        (ax, _) = plots.study_quality(shipped_study, families=families).axes
+        assert len(ax.containers) == count
+
+
+# Replay's drafted tree -------------------------------------------------------------------------------------
+EAGLE25 = "tree:eagle25"
+# tree:eagle25's nodes in (depth, path) order: 1-4 are (0,)..(3,); 5 is (0, 0), 12 is (3, 0); 13-15 are
+# (0, 0, 0), (0, 0, 1), (0, 0, 2), the children of node 5.
+ACCEPTED_NODES, REJECTED_NODES, INVALID_NODES = [1, 5], [13, 14, 15], [4, 12]
+
+
+def hand_made_round(nodes: int = 25) -> tuple[GenerationStats, Round]:
+    """One eagle25 round with a known outcome: node 1 accepted at depth 1 (so 2 and 3 are never tested), node 5
+    accepted under it, its three children 13-15 tested and all rejected, then a resampled token; node 4's draw
+    (and so its child 12) invalid."""
+    tested = [Candidate(1, 1, 0.9, True, 0.0), Candidate(5, 2, 0.8, True, 0.0)]
+    tested += [Candidate(node, 3, 0.2, False, 0.0) for node in REJECTED_NODES]
+    valid = [node not in INVALID_NODES for node in range(1, nodes + 1)]
+    current = Round(1, list(range(100, 100 + nodes)), valid, tested, {1: 0.9, 2: 0.8, 3: 0.5}, [100, 104, 7],
+                    RESAMPLED)
+    stats = GenerationStats("eagle", {}, EAGLE25, 5, 0, 0, {}, [1.0] * 5)
+    stats.rounds = [Round(0, [], [], [], {}, [3], FIRST), current]
+    return stats, current
+
+
+def tree_axes(fig: Figure):
+    return next(ax for ax in fig.axes if ax.get_title().startswith("drafted tree"))
+
+
+def test_replay_marks_every_drafted_node_with_what_verification_made_of_it(narrow):
+    stats, current = hand_made_round()
+    tree = parse_draft(EAGLE25)
+    untested = [n for n in range(1, 26) if n not in ACCEPTED_NODES + REJECTED_NODES + INVALID_NODES]
+    expected = {"accepted": ACCEPTED_NODES, "rejected": REJECTED_NODES, "invalid": INVALID_NODES,
+                "not tested": untested}
+    status = plots.node_status(current)
+    assert {name: [n for n in range(1, 26) if status[n - 1] == name] for name in expected} == expected
+    fig = plots.replay(np.zeros((16, 16), dtype=np.uint8), stats, (4, 4), 1, narrow=narrow)
+    ax = tree_axes(fig)
+    drawn = {c.get_label(): c.get_offsets() for c in ax.collections if c.get_label() in expected}
+    at = plots.tree_layout(tree)
+    for name, nodes in expected.items():
+        assert np.allclose(drawn[name], at[nodes]), name
+        assert list(drawn[name][:, 0]) == [tree.depths[n] for n in nodes]  # x is the node's depth
+    assert sum(len(offsets) for offsets in drawn.values()) == tree.size
+    (emitted,) = [c for c in ax.collections if c.get_label() == RESAMPLED]
+    assert np.allclose(emitted.get_offsets(), [[2.5, at[5][1]]])  # half a depth after node 5, the last accepted
+    assert np.allclose(emitted.get_facecolor()[0], to_rgba(plots.ORIGIN_STYLE[RESAMPLED][0]))
+    assert "R" in [t.get_text() for t in ax.texts]
+    assert ax.get_title().replace("\n", " ") == "drafted tree: 25 nodes (2 invalid), 5 tested, 2 accepted"
+
+
+def test_replay_cuts_the_tree_to_the_round_near_the_image_end():
+    """Near the end only two depths remain: the round drafted eagle25 cut at depth 2 (4 + 8 = 12 nodes)."""
+    stats, current = hand_made_round(nodes=12)
+    current.tested = current.tested[:2]  # both accepted: the path ends at depth 2, then a bonus
+    current.next_origin = BONUS
+    tree = plots.round_tree(stats, current)
+    assert (tree.size, tree.depth) == (12, 2)
+    ax = tree_axes(plots.replay(np.zeros((16, 16), dtype=np.uint8), stats, (4, 4), 1))
+    offsets = np.concatenate([c.get_offsets() for c in ax.collections if c.get_label() in plots.NODE_STYLE])
+    assert len(offsets) == 12 and offsets[:, 0].max() == 2
+    (bonus,) = [c for c in ax.collections if c.get_label() == BONUS]
+    assert np.allclose(bonus.get_facecolor()[0], to_rgba(plots.ORIGIN_STYLE[BONUS][0]))
+
+
+def test_replay_of_the_prefill_says_nothing_was_drafted():
+    stats, _ = hand_made_round()
+    ax = tree_axes(plots.replay(np.zeros((16, 16), dtype=np.uint8), stats, (4, 4), 0))
+    assert not ax.collections and [t.get_text() for t in ax.texts] == ["nothing drafted in this round"]
+
+
+# Theory: omega only for a rule with a schedule -------------------------------------------------------------
+def omega_lines(fig: Figure) -> list:
+    return [line for ax in fig.axes for line in ax.get_lines() if "omega" in line.get_label()]
+
+
+def test_theory_draws_omega_only_when_the_rule_has_a_schedule():
+    fig = plots.theory(THEORY_TABLE, "COOL-SD")
+    (curve, lossless) = omega_lines(fig)
+    assert list(curve.get_ydata()) == THEORY_TABLE["omega"] and list(curve.get_xdata()) == THEORY_TABLE["depth"]
+    for table in ({**THEORY_TABLE, "omega": [None, None, None]}, {**THEORY_TABLE, "omega": None},
+                  {key: value for key, value in THEORY_TABLE.items() if key != "omega"}):
+        fig = plots.theory(table, "LANTERN++")
+        assert not omega_lines(fig) and len(fig.axes) == 1

@@ -8,12 +8,14 @@ import functools
 import io
 import json
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
 from PIL import Image
 
 from ..core.decode import Generation
-from ..core.rules import RULES, build_rule, omega_schedule, param, resolve_mu
+from ..core.rules import RULES, AcceptanceRule, build_rule, omega_schedule, param, resolve_mu
 from ..core.theory import captured_theory, chain_theory, toy_chain
 from ..core.trees import parse_draft
 from ..models.bundle import Bundle
@@ -79,29 +81,40 @@ def grid_of(bundle: Bundle) -> tuple[int, int]:
     return bundle.config.grid_height, bundle.config.grid_width
 
 
-def figures(bundle: Bundle, result: Comparison) -> dict:
-    """Every figure of the results panel."""
+def scheduled(rule: AcceptanceRule) -> bool:
+    """Whether the rule has a relaxation schedule omega_d to show: it defines its own ``omega`` (COOL-SD,
+    UniformRSD); Eagle-1 and LANTERN++ keep the base class's constant 1."""
+    return type(rule).omega is not AcceptanceRule.omega
+
+
+def figures(bundle: Bundle, result: Comparison, narrow: bool = False) -> dict:
+    """Every figure of the results panel (``narrow``: laid out for a phone's panel, about 360 px wide)."""
     label = result.request.label
     runs = [(label, result.method.stats)]
     if result.request.method != "eagle":
         runs.append(("Eagle-1", result.eagle.stats))
-    omegas = result.method.stats.omegas if result.request.method in ("cool", "uniform") else None
+    omegas = result.method.stats.omegas if scheduled(result.request.rule) else None
     grid = grid_of(bundle)
     return {
-        "per_position": plots.per_position(runs, omegas),
-        "lengths": plots.accepted_lengths(runs),
-        "map_method": plots.acceptance_map(result.images["method"], result.method.stats, grid, label),
-        "map_eagle": plots.acceptance_map(result.images["eagle"], result.eagle.stats, grid, "Eagle-1 (lossless)"),
+        "per_position": plots.per_position(runs, omegas, narrow=narrow),
+        "lengths": plots.accepted_lengths(runs, narrow=narrow),
+        "map_method": plots.acceptance_map(result.images["method"], result.method.stats, grid, label,
+                                           narrow=narrow),
+        "map_eagle": plots.acceptance_map(result.images["eagle"], result.eagle.stats, grid, "Eagle-1 (lossless)",
+                                          narrow=narrow),
     }
 
 
-def replay_figure(bundle: Bundle, result: Comparison, round_index: int):
-    return plots.replay(result.images["method"], result.method.stats, grid_of(bundle), round_index)
+def replay_figure(bundle: Bundle, result: Comparison, round_index: int, narrow: bool = False):
+    """One round of the chosen method: the image with the round's tokens, and the tree it drafted."""
+    return plots.replay(result.images["method"], result.method.stats, grid_of(bundle), round_index, narrow=narrow)
 
 
-def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, source: str, toy_seed: int = 0):
+def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, source: str, toy_seed: int = 0,
+                 narrow: bool = False):
     """Exact beta_i, e_i, E[N] and TV bound under the current sliders, for the (p, q) pairs captured along the
-    last Eagle-1 run (each pair evaluated exactly, averaged per position) or for random toy pairs."""
+    last Eagle-1 run (each pair evaluated exactly, averaged per position) or for random toy pairs. The figure
+    draws omega_i only for a rule with a schedule."""
     if request.method == "ar":
         raise ValueError("AR drafts nothing: choose a speculative method to see its theory")
     depth, rule = request.tree.depth, request.rule
@@ -115,7 +128,8 @@ def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, so
         counts = ", ".join(str(n) for n in table["pairs"])
         note = (f"{len(captured)} (p, q) pairs captured along the last Eagle-1 run (per position: {counts}); "
                 "each evaluated exactly under the current rule, then averaged per position")
-    return plots.theory(table, request.label), table, note
+    shown = table if scheduled(rule) else {**table, "omega": None}
+    return plots.theory(shown, request.label, narrow=narrow), table, note
 
 
 def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -> str:
@@ -180,21 +194,82 @@ def measured_point(bundle: Bundle, request: Request, metric: str) -> tuple[float
     return (run["tau"], run[metric]) if run is not None and run.get(metric) is not None else None
 
 
-def tradeoff_figure(bundle: Bundle, result: Comparison | None, metric: str = "fid"):
-    """The shipped benchmark's quality/speed points, with the current setting starred when it was measured. A
-    study (every run compared with Eagle-1 on the same images) shows each run's difference from Eagle-1 with
-    its paired interval, one panel per draft."""
+def default_metric(bundle: Bundle) -> str:
+    """The quality axis the Trade-off tab starts on: the study's quietest measure, else judge-FID."""
+    return plots.quietest_measure(load_bench(bundle)) or "fid"
+
+
+def tradeoff_families(bundle: Bundle) -> tuple[dict[str, str], list[str]]:
+    """The series the Trade-off tab can draw (display name -> key) and those it draws by default."""
+    runs = load_bench(bundle).get("runs", [])
+    study = plots.is_study(runs)
+    return plots.family_choices(runs, study), plots.default_families(runs, study)
+
+
+def setting_name(request: Request) -> str:
+    """The current setting in the figures' words, e.g. ``COOL-SD (μ=auto, ν=0.7, exp), δ=2.5, chain:5``."""
+    run = {"method": request.method, "params": request.param_dict}
+    parts = [plots.family_name(run)] + [plots.point_label(run)] * bool(plots.swept(request.method))
+    return ", ".join(parts + [request.draft] * RULES[request.method].drafts)
+
+
+def off_grid(bundle: Bundle, request: Request) -> str:
+    """Why the benchmark did not measure this setting: another model, other sampling, or a setting off its grid."""
+    bench = load_bench(bundle)
+    kind = "study" if plots.is_study(bench.get("runs", [])) else "benchmark"
+    if bench.get("model") != bundle.name:
+        return f"the shipped {kind} was made with model {bench.get('model')!r}, not {bundle.name!r}"
+    ran, now = bench.get("sampling") or {}, request.sampling.to_dict()
+    changed = [f"{key} {now.get(key)} ({kind}: {ran.get(key)})" for key in sorted(set(ran) | set(now))
+               if ran.get(key) != now.get(key)]
+    if changed:
+        return f"the current sampling is not the {kind}'s: {', '.join(changed)}"
+    return f"the current setting ({setting_name(request)}) is not on the {kind}'s grid"
+
+
+def _star(bundle: Bundle, result: Comparison | None, metric: str, study: bool) -> tuple[tuple | None, str]:
+    """The current setting's point in the figure's coordinates, or None and why it has no star."""
+    if result is None:
+        return None, ""
+    request = result.request
+    run = measured_run(bundle, request)
+    if run is None:
+        return None, off_grid(bundle, request) + ": no star."
+    value = run.get("vs_eagle", {}).get(metric, {}).get("value") if study else run.get(metric)
+    if value is None:
+        measure = plots.METRIC_LABELS.get(metric, metric).split(" (")[0]
+        return None, f"the benchmark did not record {measure} for the current setting: no star."
+    if study and request.method == "ar":
+        return None, "AR (no drafting) is the study's noise floor: the grey band, not a point."
+    return ((run["draft"], run["tau"], value) if study else (run["tau"], value)), ""
+
+
+def tradeoff_panel(bundle: Bundle, result: Comparison | None, metric: str | None = None,
+                   families: Sequence[str] | None = None, narrow: bool = False) -> tuple[Figure | None, str]:
+    """The Trade-off tab: the shipped benchmark's quality/speed figure and a note for the text beside it (empty
+    when there is nothing to say). A study (every run compared with Eagle-1 on the same images) shows each
+    run's difference from Eagle-1 with its paired interval over the measured noise floor, one panel per draft;
+    the current setting is starred when the study measured it, and the note says why when it did not.
+    ``metric`` None: :func:`default_metric`; ``families``: keys of :func:`tradeoff_families`."""
     bench = load_bench(bundle)
     runs = bench.get("runs", [])
     if not runs:
-        return None
-    if any("vs_eagle" in run for run in runs):
-        run = measured_run(bundle, result.request) if result is not None else None
-        difference = run.get("vs_eagle", {}).get(metric) if run is not None else None
-        current = (run["draft"], run["tau"], difference["value"]) if difference is not None else None
-        return plots.study_quality(bench, metric, current)
-    current = measured_point(bundle, result.request, metric) if result is not None else None
-    return plots.tradeoff(runs, current, y_key=metric)
+        return None, f"this model ({bundle.name}) has no shipped study: no {BENCH_FILE} beside its weights."
+    study = plots.is_study(runs)
+    metric = metric or default_metric(bundle)
+    current, note = _star(bundle, result, metric, study)
+    try:
+        if study:
+            return plots.study_quality(bench, metric, current, families=families, narrow=narrow), note
+        return plots.tradeoff(runs, current, y_key=metric, families=families, narrow=narrow), note
+    except ValueError as error:
+        return None, str(error)
+
+
+def tradeoff_figure(bundle: Bundle, result: Comparison | None, metric: str | None = None,
+                    families: Sequence[str] | None = None, narrow: bool = False) -> Figure | None:
+    """:func:`tradeoff_panel`'s figure alone, for a caller that shows no note."""
+    return tradeoff_panel(bundle, result, metric, families, narrow)[0]
 
 
 def png_base64(pixels: np.ndarray) -> str:
