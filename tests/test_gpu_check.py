@@ -38,15 +38,18 @@ def test_gpu_check_runs_green_without_a_gpu_and_says_so(tmp_path):
 def test_goal_table_reads_the_profile():
     script = load_script()
     part = lambda ms: {"median_s": ms / 1000}  # noqa: E731
-    result = {"steps": "graphs",
-              "parts": {"ar_step": part(2.0), "ar_step [eager]": part(6.0), "verify tree:wide57": part(2.8),
-                        "drafter_level": part(0.5), "acceptance chain:5": part(0.1)},
-              "implied": {"chain:5": {"at tau 2.42 (Eagle-1)": 2.1, "at tau 3.34 (COOL-SD delta=2)": 2.6},
-                          "tree:eagle25": {"at tau 2.42 (Eagle-1)": 1.9, "at tau 3.34 (COOL-SD delta=2)": 2.8}}}
+    result = {"steps": "graphs", "image_tokens": 256,
+              "parts": {"ar_step": part(2.0), "ar_step [eager]": part(6.0), "round chain:5": part(2.6),
+                        "round tree:wide57": part(3.2), "drafter_level": part(0.5), "acceptance chain:5": part(0.05)},
+              "implied": {"chain:5": {"at tau 2.42 (Eagle-1)": 1.86, "at tau 3.34 (COOL-SD delta=2)": 2.57},
+                          "tree:wide57": {"at tau 2.42 (Eagle-1)": 1.51, "at tau 3.34 (COOL-SD delta=2)": 2.09}}}
     rows = {name: (value, met) for name, _, value, met in script.goals(result)}
-    assert rows["57-node tree verification / AR step"] == (1.4, True)
-    assert rows["one drafter level / AR step"] == (0.25, False)
-    assert rows["host-side acceptance per round (chain:5) / AR step"][1] is True
-    assert rows["implied speed-up at tau 2.42 (Eagle-1), best draft"] == (2.1, True)
-    assert rows["implied speed-up at tau 3.34 (COOL-SD delta=2), best draft"] == (2.8, True)
+    assert rows["round chain:5 / AR step"] == (1.3, True)
+    assert rows["round tree:wide57 / AR step"] == (1.6, False)
+    assert rows["drafter_level / AR step"] == (0.25, False)
+    assert rows["acceptance chain:5 / AR step"] == (0.025, True)
+    assert rows["implied speed-up at tau 2.42 (Eagle-1), best draft"] == (1.86, True)
+    assert rows["implied speed-up at tau 3.34 (COOL-SD delta=2), best draft"] == (2.57, True)
+    image, met = rows["implied COOL-SD delta=2 image (s)"]  # 256 tokens / tau 3.34 rounds at the best round
+    assert abs(image - 256 / 3.34 * 0.0026) < 1e-12 and met
     assert rows["ar_step [eager] / ar_step [graphs]"][0] == 3.0

@@ -198,11 +198,11 @@ def test_full_size_drafter_has_the_published_parameters():
     assert sum(p.numel() for p in drafter.parameters()) == 44_567_040
     assert {k: tuple(v.shape) for k, v in drafter.state_dict().items()} == published_shapes(1280, 3584, 16384)
     table = drafter.rope.table  # built on the CPU even under the meta device
-    assert table.device.type == "cpu" and table.shape == (119 + 256 + 20, 32)
+    assert table.device.type == "cpu" and table.shape == (119 + 256 + 20, 32, 2)  # (cos, sin) per pair
     assert table[:119].abs().max() == 0 and table[375:].abs().max() == 0
-    torch.testing.assert_close(table[119], torch.ones(32, dtype=table.dtype))  # grid cell 0: no rotation
+    torch.testing.assert_close(table[119], torch.tensor([1.0, 0.0]).expand(32, 2))  # grid cell 0: no rotation
     want = reference_rope(64, 16, 16, 119)
-    torch.testing.assert_close(torch.view_as_real(table).double(), want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(table.double(), want, rtol=0, atol=1e-6)
 
 
 # ---------------------------------------------------------------- 3. numerics
@@ -325,9 +325,10 @@ def test_engine_feeds_lanterns_caption_inputs(tiny_dir):
     hook = drafter.register_forward_hook(lambda module, args, out: calls.append(args[0].clone()))
     try:
         caption = Caption(torch.randn(P, CAPTION_DIM), torch.arange(P) >= 3)
-        generate(bundle, caption, Eagle(), parse_draft("chain:2"), SamplingConfig(cfg_scale=2, top_k=1), 0)
+        result = generate(bundle, caption, Eagle(), parse_draft("chain:2"), SamplingConfig(cfg_scale=2, top_k=1), 0)
     finally:
         hook.remove()
-    first = calls[0]
-    assert first.shape[1] == P
-    torch.testing.assert_close(first[:, :P - 1], drafter.embed_tokens.weight[0].expand(2, P - 1, -1))
+    lead, catch_up = calls[0], calls[1]  # the prefill's caption slots, then the first round's catch-up
+    assert lead.shape[1] == P - 1
+    torch.testing.assert_close(lead, drafter.embed_tokens.weight[0].expand(2, P - 1, -1))
+    torch.testing.assert_close(catch_up[:, 0], drafter.embed_tokens.weight[result.tokens[0]].expand(2, -1))

@@ -6,7 +6,8 @@ import pytest
 import torch
 from helpers import named, peaky_bundle
 
-from coolsd.core.decode import State, draft
+from coolsd.core.decode import Workspace, draft_phase
+from coolsd.core.rules import Eagle
 from coolsd.core.sampling import SamplingConfig, probabilities
 from coolsd.core.trees import DraftTree, chain, parse_draft
 from coolsd.models.config import CONFIGS, ModelConfig
@@ -66,6 +67,27 @@ def test_cache_matches_uncached_forward_over_rounds(rows):
     assert checks > 20
 
 
+def drafting_workspace(bundle, tree: DraftTree, sampling: SamplingConfig, seed: int = 0) -> Workspace:
+    """A workspace for ``tree`` whose drafter has seen nothing yet (its caches empty, the generator seeded)."""
+    ws = Workspace(bundle.target, bundle.drafter, Eagle(), tree, sampling)
+    ws.reset(seed)
+    ws.feature_buffers(torch.zeros(sampling.rows, 1, CFG.dim))
+    return ws
+
+
+def catch_up_and_draft(ws: Workspace, committed: list[int], tokens: list[int], features: torch.Tensor):
+    """One drafting phase after ``committed`` image tokens, catching up on the pairs (``features`` (rows, c,
+    dim), ``tokens``): the engine's pending state, as the last round's verification leaves it."""
+    count = len(tokens)
+    ws.tokens[:len(committed)] = torch.tensor(committed)
+    ws.n.fill_(len(committed))
+    ws.pending_tokens[:count] = torch.tensor(tokens)
+    ws.pending_features[:, :count] = features
+    ws.pending_count.fill_(count)
+    draft_phase(ws)
+    return ws.node_tokens[0].clone(), ws.node_valid[0].clone(), ws.q[0].clone(), ws.node_features.clone()
+
+
 def test_drafter_tree_matches_uncached_drafter():
     """Drafted tree features equal an uncached drafter run along each node's path (Eagle-1 inputs)."""
     bundle = peaky_bundle(CFG, std=0.3)
@@ -76,13 +98,12 @@ def test_drafter_tree_matches_uncached_drafter():
     generator = torch.Generator().manual_seed(0)
     committed = [3, 7, 1]  # x_1..x_3
     features = torch.randn(rows, 3, CFG.dim)  # stand-ins for target features h_0..h_2
-    cache = drafter.new_cache(rows, 32)
+    ws = drafting_workspace(bundle, tree, sampling)
     with torch.no_grad():
         # first round caught up on h_0 only; second round on h_1, h_2 with tokens x_2, x_3
-        draft(drafter, target, cache, tree, State([], committed[:1], features[:, :1]), sampling, generator)
-        tokens, valid, q, node_features = draft(drafter, target, cache, tree, State([], committed[1:], features[:, 1:]),
-                                                sampling, generator)
-        assert cache.length == 3
+        catch_up_and_draft(ws, committed[:1], committed[:1], features[:, :1])
+        tokens, valid, q, node_features = catch_up_and_draft(ws, committed, committed[1:], features[:, 1:])
+        assert ws.drafter_cache.length == 3
         for node in range(1, tree.levels[tree.depth].start):  # the deepest level is not fed back
             path, walk = [], node
             while walk > 0:
@@ -136,11 +157,10 @@ def test_drafted_siblings_are_distinct_draws_of_their_parents_distribution():
     sampling = SamplingConfig(cfg_scale=2.0, top_k=3)
     tree = parse_draft("tree:eagle25").truncated(3)
     for seed in range(5):
-        cache = bundle.drafter.new_cache(2, 32)
+        ws = drafting_workspace(bundle, tree, sampling, seed)
         features = torch.randn(2, 2, CFG.dim, generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():
-            tokens, valid, q, _ = draft(bundle.drafter, bundle.target, cache, tree, State([], [3, 7], features),
-                                        sampling, torch.Generator().manual_seed(seed))
+            tokens, valid, q, _ = catch_up_and_draft(ws, [3, 7], [3, 7], features)
         for parent, children in enumerate(tree.children):
             drawn = [int(tokens[c]) for c in children if valid[c]]
             assert len(set(drawn)) == len(drawn)

@@ -22,7 +22,7 @@ from coolsd.core.rules import (
 )
 from coolsd.core.theory import one_step
 from coolsd.core.trees import DraftTree, parse_draft
-from coolsd.core.verify import verify
+from coolsd.core.verify import walk
 
 V = 12
 RNG = np.random.default_rng(0)
@@ -73,46 +73,68 @@ RULES = {
 }
 
 
-@pytest.mark.parametrize("name", list(RULES))
-def test_acceptance_probability_closed_form(name):
+def spec_omega(name: str, depth: int) -> float:
+    """omega_d as spec section 3 writes it, computed here (mu="auto": the mean of omega_1..omega_5 is delta)."""
+    if name == "uniform":
+        return 2.0
+    if name == "cool":
+        weights = [math.exp(-0.7 * d) for d in range(1, 6)]
+        return 2.0 * math.exp(-0.7 * depth) / (sum(weights) / 5)
+    if name == "cool-manual-mu":
+        return 1.1 * math.exp(-0.3 * depth + 0.5)
+    return 1.0
+
+
+def spec_accept(name: str, p: np.ndarray, q: np.ndarray, depth: int) -> np.ndarray:
+    """f_d(y) = min(1, p_hat(y) / q(y)) wherever q(y) > 0 (0 elsewhere), from the spec's formulas."""
     rule = RULES[name]
-    for p, q in random_pairs():
-        for depth in range(1, 6):
-            mass = rule.accepted_mass(p, q, depth)
-            support = q > 0
-            f = np.where(support, mass / np.where(support, q, 1), 0)
-            if name in ("eagle", "uniform") or name.startswith("cool"):
-                expected = np.minimum(1, rule.omega(depth) * p / np.where(support, q, 1))
-            else:
-                expected = np.minimum(1, brute_force_lantern_target(p, NEIGHBOURS, rule.k, rule.lam)
-                                      / np.where(support, q, 1))
-            np.testing.assert_allclose(f[support], expected[support], rtol=1e-12, atol=1e-15)
-            for y in np.flatnonzero(support):  # the engine's per-token shortcut: the same value, bit for bit
-                assert rule.accept_prob(p, q, int(y), depth) == min(1.0, mass[y] / q[y])
-            for y in (0, V - 1):  # the residual computes q f itself when not given it
-                np.testing.assert_array_equal(rule.residual(p, q, y, depth), rule.residual(p, q, y, depth, mass))
+    numerator = brute_force_lantern_target(p, NEIGHBOURS, rule.k, rule.lam) if name.startswith("lantern") else \
+        spec_omega(name, depth) * p
+    return np.where(q > 0, np.minimum(1, numerator / np.where(q > 0, q, 1)), 0)
+
+
+def batch(pairs: list) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.from_numpy(np.stack([p for p, _ in pairs])), torch.from_numpy(np.stack([q for _, q in pairs])))
+
+
+def spec_normalised(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    return mass / mass.sum() if mass.sum() > 1e-12 else fallback
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_acceptance_probability_closed_form_over_batched_rows(name):
+    """One call over many rows, each at its own draft depth (as the engine evaluates a whole tree), against
+    f_d computed per row from the spec; an int depth gives the same rows."""
+    rule, pairs = RULES[name], list(random_pairs())
+    p, q = batch(pairs)
+    depth = torch.from_numpy(np.random.default_rng(3).integers(1, 8, (len(pairs), 1)))  # 6, 7: past the schedule
+    mass = rule.accepted_mass(p, q, depth)
+    for i, (p_i, q_i) in enumerate(pairs):
+        d = min(int(depth[i]), 5)
+        f = np.where(q_i > 0, mass[i].numpy() / np.where(q_i > 0, q_i, 1), 0)
+        np.testing.assert_allclose(f, spec_accept(name, p_i, q_i, d), rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(rule.accepted_mass(p[i], q[i], d).numpy(), mass[i].numpy())
+    y = torch.zeros(len(pairs), dtype=torch.long)
+    torch.testing.assert_close(rule.residual(p, q, y, depth), rule.residual(p, q, y, depth, mass), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ["eagle", "uniform", "cool", "cool-manual-mu", "lantern"])
 def test_gstar_closed_form_and_property_2(name):
-    """G* = Norm([p - q f]_+); the step's law q f + (1 - sum q f) G* equals p when q f <= p pointwise, and its
-    TV distance to p always equals e = sum [q f - p]_+."""
+    """G* = Norm([p - q f]_+) with q f from the spec (not from the rule); the step's law q f + (1 - sum q f) G*
+    equals p when q f <= p pointwise, and its TV distance to p always equals e = sum [q f - p]_+."""
     rule = RULES[name]
     exact_steps = relaxed_steps = 0
     for p, q in random_pairs():
         for depth in (1, 3, 5):
-            mass = rule.accepted_mass(p, q, depth)
-            gstar = rule.residual(p, q, 0, depth, mass)
-            positive = np.maximum(p - mass, 0)
-            if positive.sum() > 1e-12:
-                np.testing.assert_allclose(gstar, positive / positive.sum(), atol=1e-12)
+            qf = q * spec_accept(name, p, q, depth)
+            gstar = rule.residual(torch.from_numpy(p), torch.from_numpy(q), 0, depth).numpy()
+            np.testing.assert_allclose(gstar, spec_normalised(np.maximum(p - qf, 0), p), atol=1e-12)
             if name in ("uniform", "cool", "cool-manual-mu"):  # the spec's equivalent form
-                omega = rule.omega(depth)
-                alt = np.maximum(np.maximum(p - q, (1 - omega) * p), 0)
-                if alt.sum() > 1e-12:
-                    np.testing.assert_allclose(gstar, alt / alt.sum(), atol=1e-12)
+                alt = np.maximum(np.maximum(p - q, (1 - spec_omega(name, depth)) * p), 0)
+                np.testing.assert_allclose(gstar, spec_normalised(alt, p), atol=1e-12)
             step = one_step(p, q, rule, depth)
-            if np.all(mass <= p):
+            assert step["cost"] == pytest.approx(np.maximum(qf - p, 0).sum(), abs=1e-12)
+            if np.all(qf <= p):
                 exact_steps += 1
                 np.testing.assert_allclose(step["output"], p, atol=1e-12)
                 assert step["cost"] == 0.0
@@ -122,6 +144,23 @@ def test_gstar_closed_form_and_property_2(name):
             assert step["output"].sum() == pytest.approx(1.0, abs=1e-12)
     assert exact_steps > 0
     assert relaxed_steps > 0 or name == "eagle"
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_rows_with_no_draft_mass_or_no_residual_mass(name):
+    """A row where q is zero accepts nothing; a row where q f covers p entirely (p = q) leaves a residual of
+    zero mass, which falls back to p (spec section 3); float32 rows give the float64 values to rounding."""
+    rule = RULES[name]
+    p = torch.from_numpy(np.random.default_rng(5).dirichlet(np.ones(V), size=3))
+    q = torch.stack([torch.zeros(V, dtype=torch.float64), p[1], p[2]])
+    mass = rule.accepted_mass(p, q, 1)
+    assert torch.all(mass[0] == 0)
+    residual = rule.residual(p, q, torch.tensor([0, 3, 5]), 1, mass)
+    torch.testing.assert_close(residual[0], p[0], rtol=0, atol=1e-15)  # nothing accepted: G* is p itself
+    if not name.endswith("heuristic"):  # the heuristic clears q near the refused token first
+        torch.testing.assert_close(residual[1:], p[1:], rtol=0, atol=0)  # zero mass: the fallback, exactly
+    single = rule.residual(p.float(), q.float(), torch.tensor([0, 3, 5]), 1)
+    torch.testing.assert_close(single, residual.float(), rtol=1e-5, atol=1e-6)
 
 
 def test_lossless_rules_have_zero_cost_and_exact_law():
@@ -134,31 +173,31 @@ def test_lossless_rules_have_zero_cost_and_exact_law():
 
 def test_lantern_heuristic_residual():
     """On rejecting y with m*(y) >= 1, q is cleared on y's k+1 nearest codes (not on y), then Norm([p - q]_+);
-    the neighbours are brute-force L2 nearest codes, not the rule's own table."""
+    the neighbours are brute-force L2 nearest codes, not the rule's own table. One call per pair, one row per
+    refused token."""
     rule = RULES["lantern-heuristic"]
     hits = 0
     for p, q in random_pairs():
-        mass = rule.accepted_mass(p, q, 1)
+        rows = torch.from_numpy(p).expand(V, -1), torch.from_numpy(q).expand(V, -1)
+        got = rule.residual(*rows, torch.arange(V), 1).numpy()
         for y in range(V):
-            got = rule.residual(p, q, y, 1, mass)
             q_mod = q.copy()
             if brute_force_m_star(p, NEIGHBOURS, rule.k, rule.lam, y)[0] >= 1:
                 q_mod[NEIGHBOURS[y, :rule.k + 1]] = 0
                 hits += 1
-            expected = np.maximum(p - q_mod, 0)
-            expected = expected / expected.sum() if expected.sum() > 1e-12 else p
-            np.testing.assert_allclose(got, expected, atol=1e-12)
+            np.testing.assert_allclose(got[y], spec_normalised(np.maximum(p - q_mod, 0), p), atol=1e-12)
     assert hits > 50
 
 
 def test_lantern_target_is_bounded_and_brute_force_matches():
     for k, lam in [(0, 3.0), (1, 1.0), (3, 2.0), (10, 5.0)]:
         rule = lantern_rule(k=k, lam=lam)
-        for p, _ in random_pairs(20):
-            relaxed = rule.relaxed_target(p, 1)
-            np.testing.assert_allclose(relaxed, brute_force_lantern_target(p, NEIGHBOURS, k, lam), atol=1e-15)
-            assert np.all(relaxed <= lam * p + 1e-15)
-            assert np.all(relaxed >= p)
+        pairs = list(random_pairs(20))
+        relaxed = rule.relaxed_target(batch(pairs)[0], 1).numpy()
+        for row, (p, _) in zip(relaxed, pairs):
+            np.testing.assert_allclose(row, brute_force_lantern_target(p, NEIGHBOURS, k, lam), atol=1e-15)
+            assert np.all(row <= lam * p + 1e-15)
+            assert np.all(row >= p)
 
 
 def test_nearest_codes_order():
@@ -184,15 +223,15 @@ def test_mu_auto_makes_mean_omega_delta():
 
 def test_raising_delta_never_lowers_acceptance():
     deltas = [0.5, 1.0, 1.1, 1.5, 2.0, 4.0, 10.0]
-    for p, q in random_pairs():
-        for make in (lambda d: UniformRSD(d), lambda d: CoolSD(d, 0.7, "auto", 5), lambda d: CoolSD(d, 0.2, 0.3, 5)):
-            for depth in range(1, 6):
-                probs = [make(d).accepted_mass(p, q, depth) for d in deltas]
-                for low, high in zip(probs, probs[1:]):
-                    assert np.all(high >= low - 1e-15)
-    for p, q in random_pairs(20):  # LANTERN++: larger lambda and k never lower it either
-        low, high = lantern_rule(3, 1.5).accepted_mass(p, q, 1), lantern_rule(3, 3.0).accepted_mass(p, q, 1)
-        assert np.all(high >= low - 1e-15)
+    p, q = batch(list(random_pairs()))
+    for make in (lambda d: UniformRSD(d), lambda d: CoolSD(d, 0.7, "auto", 5), lambda d: CoolSD(d, 0.2, 0.3, 5)):
+        for depth in range(1, 6):
+            probs = [make(d).accepted_mass(p, q, depth) for d in deltas]
+            for low, high in zip(probs, probs[1:]):
+                assert torch.all(high >= low - 1e-15)
+    p, q = batch(list(random_pairs(20)))  # LANTERN++: larger lambda and k never lower it either
+    low, high = lantern_rule(3, 1.5).accepted_mass(p, q, 1), lantern_rule(3, 3.0).accepted_mass(p, q, 1)
+    assert torch.all(high >= low - 1e-15)
 
 
 @pytest.mark.parametrize("call, needle", [
@@ -252,23 +291,19 @@ def test_one_default_per_parameter_the_schemas():
     assert default_mismatches(REGISTERED["uniform"], Drifted) == [
         "Drifted: delta defaults to 1.0, the schema to 2.0"]
 
-def test_verify_sibling_with_tiny_remaining_draft_mass():
+
+def test_walk_sibling_with_tiny_remaining_draft_mass():
     """A sibling drawn where q is nearly one-hot: after removing the first draw, q must be renormalised even
     though its remaining mass is tiny (a regression the enumeration test caught)."""
     tree = DraftTree(((0,), (1,)))
-    p = np.array([0.2, 0.05, 0.3, 0.45])
-    q = np.array([1e-20, 3e-20, 1.0, 1e-21])
+    p = torch.tensor([0.2, 0.05, 0.3, 0.45], dtype=torch.float64)
+    q = torch.tensor([1e-20, 3e-20, 1.0, 1e-21], dtype=torch.float64)
     q /= q.sum()
-    rows_p, rows_q = np.stack([p, p, p]), np.stack([q, np.zeros(4), np.zeros(4)])
-    drafted, valid = [0, 2, 1], [True, True, True]
-    seen = {}
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        path, token, origin, tested, level = verify(tree, drafted, valid, rows_p, rows_q, Eagle(), rng)
-        for c in tested:
-            seen[c.node] = c.accept_prob
+    verdict = walk(tree.tensors(torch.device("cpu")), torch.tensor([[0, 2, 1]]), torch.ones(1, 3, dtype=torch.bool),
+                   p.expand(1, 3, -1), torch.stack([q, torch.zeros(4), torch.zeros(4)])[None].double(), Eagle(),
+                   torch.full((1, 4), 0.5, dtype=torch.float64))
     # second sibling: target residual Norm([p - q]_+) = (0.2, 0.05, 0, 0.45)/0.7; q without 2 is (1/4.1e-20)*(...)
     residual = np.array([0.2, 0.05, 0, 0.45]) / 0.7
     q_rest = np.array([1e-20, 3e-20, 0, 1e-21]) / 4.1e-20
-    assert seen[2] == pytest.approx(min(1, residual[1] / q_rest[1]), rel=1e-9)
-    assert seen[1] == pytest.approx(0.3, rel=1e-9)
+    assert float(verdict.accept_prob[0, 2]) == pytest.approx(min(1, residual[1] / q_rest[1]), rel=1e-9)
+    assert float(verdict.accept_prob[0, 1]) == pytest.approx(0.3, rel=1e-9)

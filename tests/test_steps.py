@@ -2,17 +2,20 @@
 
 1. The static cache's mask is the definition (spec sections 1 and 7), built here independently.
 2. Static steps give the shipped model's exact tokens (AR, Eagle-1, COOL-SD; chain and tree).
-3. Replay: a CPU stand-in for CUDA-graph capture that, like a graph, runs on fixed input buffers only; the
-   engine then still gives eager's tokens, every cache is reused across images, a second image captures no
-   new shape, and a stand-in that loses one input (a planted bug) is caught.
-4. Each round reads the device once: every host read (``cpu``, ``tolist``, ``item``, ``bool`` ...) inside
-   ``decode_round`` is counted.
+3. Graph safety: under the CPU stand-in for CUDA graphs (:class:`coolsd.core.graphs.CheckedPhases`) every
+   phase of every round reads nothing back to the host and issues the same operations on the same shapes as
+   its first run; the tokens are eager's and workspaces and caches are reused across images; a planted
+   ``.item()`` and a planted shape change are caught.
+4. Host reads: a round reads nothing; the loop reads the image's length once per batch of rounds it knew
+   were needed (every host read, ``cpu``, ``tolist``, ``item``, ``bool`` ..., is counted).
 5. ``torch.compile`` traces the whole step without a graph break (``fullgraph``) and matches eager.
 6. Eagle-1 and COOL-SD keep their exact laws through static steps (the enumerated laws of test_laws).
 The same properties on a GPU, with real CUDA graphs and bf16, are in test_cuda.py.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,12 +27,12 @@ from torch.overrides import TorchFunctionMode
 
 from coolsd.core import decode as decode_module
 from coolsd.core.decode import decode, generate
+from coolsd.core.graphs import EAGER, CheckedPhases, EagerPhases, HostReadError
 from coolsd.core.rules import AR, CoolSD, Eagle, build_rule
 from coolsd.core.trees import DraftTree, parse_draft
-from coolsd.models import steps as steps_module
 from coolsd.models.bundle import load_bundle, random_bundle
 from coolsd.models.gpt import KVCache
-from coolsd.models.steps import StaticKVCache, Steps, with_steps
+from coolsd.models.steps import StaticKVCache, Steps, unwrapped, with_steps
 
 RULES = {"ar": AR(), "eagle": Eagle(), "cool": CoolSD(delta=2.0, depth=5)}
 
@@ -93,64 +96,59 @@ def test_static_steps_give_the_eager_tokens(shipped, method, draft):
         assert got.stats.tau == want.stats.tau
 
 
-class ReplayOnCPU:
-    """Stands in for :class:`coolsd.models.steps.CapturedStep` on a CPU, as faithful to a replayed graph as
-    Python allows: each call runs the step on its own input buffers only, and with every cache's host-side
-    ``length`` frozen at its capture-time value (a graph replays what the host computed once). ``lose`` (a
-    planted bug) leaves one input's buffer stale."""
-
-    made: list = []
-    lose: int | None = None
-
-    def __init__(self, forward, args: tuple) -> None:
-        self.forward = forward
-        self.inputs = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-        self.frozen = [(a, a.length) for a in args if isinstance(a, StaticKVCache)]
-        ReplayOnCPU.made.append(self)
-
-    def __call__(self, args: tuple) -> torch.Tensor:
-        for index, (buffer, value) in enumerate(zip(self.inputs, args)):
-            if isinstance(buffer, torch.Tensor) and index != ReplayOnCPU.lose:
-                buffer.copy_(value)
-        live = [(cache, cache.length) for cache, _ in self.frozen]
-        for cache, length in self.frozen:
-            cache.length = length
-        try:
-            return self.forward(*self.inputs).clone()
-        finally:
-            for cache, length in live:
-                cache.length = length
+def graph_like(bundle):
+    """Static steps whose target and drafter share one :class:`CheckedPhases` runner, the CPU stand-in for
+    CUDA graphs (as ``with_steps`` shares its graph runner)."""
+    runner = CheckedPhases()
+    target, drafter = (Steps(unwrapped(model), runner=runner) for model in (bundle.target, bundle.drafter))
+    return replace(bundle, target=target, drafter=drafter, steps="graphs"), runner
 
 
-def replayed(bundle):
-    """The bundle with Steps that capture (the stand-in replays) on the CPU."""
-    target, drafter = Steps(bundle.target, capture=True), Steps(bundle.drafter, capture=True)
-    from dataclasses import replace
-    return replace(bundle, target=target, drafter=drafter, steps="graphs")
-
-
-def test_replayed_steps_give_the_eager_tokens_and_reuse_everything(shipped, monkeypatch):
-    monkeypatch.setattr(steps_module, "CapturedStep", ReplayOnCPU)
-    monkeypatch.setattr(ReplayOnCPU, "made", [])
-    graphs = replayed(shipped)
-    tree = parse_draft("tree:eagle25")
+@pytest.mark.parametrize("method, draft", CASES)
+def test_checked_phases_give_the_eager_tokens_and_reuse_their_workspaces(shipped, method, draft):
+    """Every phase of every round runs with no host read and the same operations on the same shapes as its
+    first run (what a CUDA graph needs); the tokens are eager's; a second image reuses the first's workspace
+    and its caches; a round is one phase run per phase (two, or one for AR)."""
+    graphs, runner = graph_like(shipped)
+    rounds = 0
     for seed in range(2):
-        want = generate(shipped, seed, Eagle(), tree, seed=seed)
-        got = generate(graphs, seed, Eagle(), tree, seed=seed)
-        assert got.tokens == want.tokens
-        if seed == 0:
-            captured = len(ReplayOnCPU.made)
-            caches = dict(graphs.target.caches), dict(graphs.drafter.caches)
-    assert captured > 0
-    assert (dict(graphs.target.caches), dict(graphs.drafter.caches)) == caches  # same cache objects, reused
-    # the same image again captures nothing new: every call shape of it was seen
-    before = len(ReplayOnCPU.made)
-    again = generate(graphs, 0, Eagle(), tree, seed=0)
-    assert len(ReplayOnCPU.made) == before and again.tokens == generate(shipped, 0, Eagle(), tree, seed=0).tokens
-    # a replay that leaves the positions' buffer stale (argument 1 of the target's forward) is caught
-    monkeypatch.setattr(ReplayOnCPU, "lose", 1)
-    stale = replayed(shipped)
-    assert generate(stale, 0, Eagle(), tree, seed=0).tokens != again.tokens
+        want = generate(shipped, seed, RULES[method], parse_draft(draft), seed=seed)
+        got = generate(graphs, seed, RULES[method], parse_draft(draft), seed=seed)
+        assert got.tokens == want.tokens and got.stats.tau == want.stats.tau
+        rounds += got.stats.target_forwards - 1  # the prefill is not a round
+    assert len(runner.workspaces) == 1  # both images ran on the same buffers
+    assert len(graphs.target.caches) == 1 and (method == "ar" or len(graphs.drafter.caches) == 1)
+    assert runner.calls == rounds * (1 if method == "ar" else 2)
+
+
+def test_checked_phases_catch_a_host_read_and_a_shape_that_moves(shipped, monkeypatch):
+    """Planted faults: an ``.item()`` inside the verification phase; and a drafting phase whose operations
+    change between rounds (a graph replays the first round's)."""
+    graphs, _ = graph_like(shipped)
+    original = decode_module.walk
+
+    def reads(*args, **kwargs):
+        verdict = original(*args, **kwargs)
+        verdict.count[0].item()
+        return verdict
+
+    monkeypatch.setattr(decode_module, "walk", reads)
+    with pytest.raises(HostReadError, match="item"):
+        generate(graphs, 4, Eagle(), parse_draft("chain:5"), seed=1)
+    monkeypatch.setattr(decode_module, "walk", original)
+
+    graphs, _ = graph_like(shipped)
+    drafting, calls = decode_module.draft_tree, []
+
+    def branching(ws):  # a Python-side branch: an extra operation every other round
+        calls.append(1)
+        drafting(ws)
+        if len(calls) % 2:
+            ws.q.sum()
+
+    monkeypatch.setattr(decode_module, "draft_tree", branching)
+    with pytest.raises(RuntimeError, match="changed between rounds"):
+        generate(graphs, 4, Eagle(), parse_draft("chain:5"), seed=1)
 
 
 class HostReads(TorchFunctionMode):
@@ -173,35 +171,44 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("steps", ["eager", "static"])
+def batches_needed(emitted: list[int], images: int, depth: int) -> int:
+    """How many times the loop must look at the image's length: it enqueues every round it knows is needed (at
+    most depth + 1 tokens each), then looks; from the tokens each round emitted, computed here."""
+    known, rounds, looks = 1, iter(emitted), 0
+    while known < images:
+        for _ in range(-(-(images - known) // (depth + 1))):
+            known += next(rounds)
+        looks += 1
+    return looks
+
+
+@pytest.mark.parametrize("steps", ["static", "eager"])
 @pytest.mark.parametrize("method, draft", [("ar", "chain:5"), ("eagle", "chain:5"), ("cool", "tree:eagle25")])
-def test_each_round_reads_the_device_once(shipped, monkeypatch, steps, method, draft):
-    per_round = []
-    original = decode_module.decode_round
+def test_rounds_read_nothing_and_the_loop_reads_once_per_batch(shipped, monkeypatch, steps, method, draft):
+    """With static steps no phase of any round reads the device (eager steps read their caches' committed
+    counts, free on a CPU: two per round); between rounds the loop reads the image's length once per batch of
+    rounds it knew were needed, and at the end the records and the tokens once each."""
+    inside, outside = [], []
+    run = EagerPhases.run
 
-    def counted(run, state):
+    def counted_phase(self, ws, name, phase):
         with HostReads() as reads:
-            out = original(run, state)
-        per_round.append(reads.reads)
-        return out
+            run(self, ws, name, phase)
+        inside.append(reads.reads)
 
-    monkeypatch.setattr(decode_module, "decode_round", counted)
-    generate(shipped.with_steps(steps), 4, RULES[method], parse_draft(draft), seed=1)
-    assert per_round and all(reads == ["cpu"] for reads in per_round), per_round[:3]
-
-
-def test_host_read_counter_sees_a_second_read(shipped, monkeypatch):
-    """Negative control: a round that also reads the drafted tokens with tolist is counted."""
-    original = decode_module.to_host
-
-    def reads_twice(p, q, tokens, valid, tree):
-        tokens.tolist()
-        return original(p, q, tokens, valid, tree)
-
-    monkeypatch.setattr(decode_module, "to_host", reads_twice)
-    with HostReads() as reads:
-        generate(shipped, 4, Eagle(), parse_draft("chain:5"), seed=1)
-    assert reads.reads.count("tolist") >= 10
+    monkeypatch.setattr(EagerPhases, "run", counted_phase)
+    with HostReads() as everything:
+        result = generate(shipped.with_steps(steps), 4, RULES[method], parse_draft(draft), seed=1)
+    rounds = result.stats.rounds[1:]
+    caches = 1 if method == "ar" else 2  # an eager cache reads the count it commits: the target's, the drafter's
+    assert [len(reads) for reads in inside] == [0 if steps == "static" else 1] * len(inside), inside[:4]
+    assert len(inside) == len(rounds) * (1 if method == "ar" else 2)
+    assert sum(map(len, inside)) == (0 if steps == "static" else caches * len(rounds))
+    looks = batches_needed([len(r.emitted) for r in rounds], shipped.config.image_tokens, result.stats.tree_depth)
+    between = list(everything.reads)
+    for name in (name for reads in inside for name in reads):
+        between.remove(name)
+    assert sorted(between) == sorted(["__int__"] * looks + ["cpu", "tolist"]), between
 
 
 def test_compiled_steps_trace_whole_and_match_eager():
@@ -218,15 +225,17 @@ def test_compiled_steps_trace_whole_and_match_eager():
             np.testing.assert_allclose(a["p"], b["p"], atol=1e-5)
 
 
-def check_law(laws, name: str, models, steps: str) -> None:
-    """Images decoded with ``models`` (the bundle ``laws``, perhaps on another device) run as ``steps``, against
-    the enumerated law of test_laws' case ``name``: chi-square, and drafts were accepted."""
+def check_law(laws, name: str, models, steps: str, runner=None) -> None:
+    """Images decoded with ``models`` (the bundle ``laws``, perhaps on another device) run as ``steps`` (their
+    phases by ``runner``, default the steps' own), against the enumerated law of test_laws' case ``name``:
+    chi-square, and drafts were accepted."""
     case = LAW_CASES[name]
     law, _ = expected_law(laws, case)
     tree = DraftTree(tuple(case.paths), name)
     rule = build_rule(case.method, case.params, tree.depth, laws.neighbours)
     target, drafter = with_steps(models.target, models.drafter, steps)
-    runs = [decode(target, drafter, CLASS_ID, rule, tree, case.sampling, seed) for seed in range(1500)]
+    runner = runner or getattr(target, "runner", EAGER)
+    runs = [decode(target, drafter, CLASS_ID, rule, tree, case.sampling, seed, runner=runner) for seed in range(1500)]
     assert chi_square_pvalue([tuple(run.tokens) for run in runs], law) > 1e-4
     assert np.mean([run.stats.tau for run in runs]) > 1.1
 
@@ -234,3 +243,9 @@ def check_law(laws, name: str, models, steps: str) -> None:
 @pytest.mark.parametrize("name", ["eagle-tree", "cool-exp-auto"])
 def test_static_steps_follow_the_spec_law(law_bundle, name):  # noqa: F811
     check_law(law_bundle, name, law_bundle, "static")
+
+
+@pytest.mark.parametrize("name", ["lantern-heuristic", "cool-hand-mu"])
+def test_checked_phases_follow_the_spec_law(law_bundle, name):  # noqa: F811
+    """Through the CPU stand-in for CUDA graphs (every round's phases checked), trees with siblings."""
+    check_law(law_bundle, name, law_bundle, "static", CheckedPhases())

@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
+import torch
 
-from coolsd.core.decode import verify
+from coolsd.core.verify import walk
 from coolsd.core.rules import CoolSD, Eagle, UniformRSD
 from coolsd.core.theory import chain_theory, solve_scale, toy_chain
 from coolsd.core.trees import chain
@@ -16,30 +17,31 @@ def exact_round_law(p, q, rule):
     length = len(p) - 1
     law = target = p[length]
     for i in range(length - 1, -1, -1):
-        mass = rule.accepted_mass(p[i], q[i], i + 1)
-        residual = rule.residual(p[i], q[i], 0, i + 1, mass)
+        mass = rule.accepted_mass(torch.from_numpy(p[i]), torch.from_numpy(q[i]), i + 1).numpy()
+        residual = rule.residual(torch.from_numpy(p[i]), torch.from_numpy(q[i]), 0, i + 1).numpy()
         law = np.multiply.outer(mass, law) + (1 - mass.sum()) * np.multiply.outer(residual, target)
         target = np.multiply.outer(p[i], target)
     return law, target
 
 
 @pytest.mark.parametrize("rule", [Eagle(), UniformRSD(2.0), CoolSD(2.0, 0.7, "auto", 3), CoolSD(1.5, -0.5, 0.0, 3)])
-def test_expected_accepted_matches_sampling_through_verify(rule):
+def test_expected_accepted_matches_sampling_through_the_walk(rule):
+    """40,000 chain rounds through the engine's acceptance walk (one batched call): the mean accepted count
+    is E[N] of the exact theory."""
     p, q = toy_chain(vocab=6, length=3, seed=1)
     theory = chain_theory(p, q, rule)
-    tree = chain(3)
+    index = chain(3).tensors(torch.device("cpu"))
     # node i's target distribution is that of position i+1; q_rows[i] drafted node i+1
-    p_rows = np.vstack([p, np.full(6, 1 / 6)])
-    q_rows = np.vstack([q, np.zeros(6)])
-    rng = np.random.default_rng(0)
-    draws = 40_000
-    accepted = np.empty(draws)
-    for n in range(draws):
-        drafted = [0] + [int(rng.choice(6, p=q[i])) for i in range(3)]
-        path, *_ = verify(tree, drafted, [True] * 4, p_rows, q_rows, rule, rng)
-        accepted[n] = len(path)
+    p_rows = torch.from_numpy(np.vstack([p, np.full(6, 1 / 6)]))
+    q_rows = torch.from_numpy(np.vstack([q, np.zeros(6)]))
+    draws, generator = 40_000, torch.Generator().manual_seed(0)
+    drafted = torch.stack([torch.zeros(draws, dtype=torch.long)] + [
+        torch.multinomial(q_rows[i].float(), draws, replacement=True, generator=generator) for i in range(3)], 1)
+    verdict = walk(index, drafted, torch.ones(draws, 4, dtype=torch.bool), p_rows.expand(draws, -1, -1),
+                   q_rows.expand(draws, -1, -1), rule, torch.rand(draws, 5, generator=generator, dtype=torch.float64))
+    accepted = (verdict.count - 1).double()
     stderr = accepted.std() / np.sqrt(draws)
-    assert abs(accepted.mean() - theory["expected_accepted"]) < 4 * stderr
+    assert abs(float(accepted.mean()) - theory["expected_accepted"]) < 4 * float(stderr)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -1,12 +1,14 @@
 """``python -m coolsd.bench --profile``: what one round's parts cost, measured, and the speed-ups they imply.
 
-A speculative round costs one verification forward (root + draft tree), its drafting phase (the drafter catches
-up on the accepted tokens, then one step per draft level) and the host-side acceptance walk; it emits ``tau``
-tokens on average, where AR emits one per step. So the speed-up over AR implied by the parts is
-``tau * ar_step / (verify + drafting + acceptance)``: below
-``tau`` by exactly what a round costs beyond one AR step. Every part is timed after warm-up, as the median
-with its quartiles over repeats. On a CPU each part's weight matrix multiplies are also timed alone, which
-bounds what a cheaper drafting step could give (:func:`ceiling`).
+A speculative round is the engine's two phases: drafting (the drafter catches up on the kept tokens, then one
+step per draft level, sampling included) and verification (one target forward over root + draft tree, then the
+acceptance walk and the commit, on the device). It emits ``tau`` tokens on average, where an AR step (one
+forward and one draw) emits one. So the speed-up over AR implied by the parts is ``tau * ar_step / round``:
+below ``tau`` by exactly what a round costs beyond one AR step. Every part runs from the same saved mid-image
+state through the bundle's phase runner (CUDA graphs on a GPU), timed after warm-up, as the median with its
+quartiles over repeats; verification is also timed as its two halves (``verify``: the forward; ``acceptance``:
+the rest). On a CPU each part's weight matrix multiplies are also timed alone, which bounds what a cheaper
+drafting step could give (:func:`ceiling`); :func:`structure` counts what a round costs the host.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..core.decode import State, draft, generate, to_host
+from ..core.decode import Workspace, accept, decode, draft_phase, generate, score, verify_phase
+from ..core.graphs import CheckedPhases
 from ..core.rules import AR, CoolSD, Eagle
-from ..core.sampling import SamplingConfig, probabilities
+from ..core.sampling import SamplingConfig
 from ..core.stats import time_calls
 from ..core.trees import DraftTree, parse_draft
-from ..core.verify import verify
 from ..models.bundle import Bundle, device_name
 from ..models.gpt import Caption
 from ..models.steps import MODES
@@ -76,95 +78,128 @@ def matmul_seconds(step: Callable[[], object], repeats: int) -> dict:
 
 
 class Setting:
-    """A target and drafter cache filled to half an image, the state a round starts from mid-image."""
+    """A workspace in the state a round starts from mid-image: half the image emitted, the caches filled that
+    far (the keys' values do not change the cost of attending to them), three pairs pending for the drafter (a
+    chain:5 round keeps about two drafts and the target's token), and a drafted tree. Every timed call of a
+    phase starts from this saved state, through the bundle's phase runner (on CUDA: replays of its graphs)."""
 
-    def __init__(self, bundle: Bundle, sampling: SamplingConfig, tree: DraftTree, seed: int = 0) -> None:
-        self.bundle, self.sampling, self.tree = bundle, sampling, tree
-        target, device = bundle.target, bundle.device
-        rows, prefix = sampling.rows, target.prefix_length
-        self.start = target.image_tokens // 2  # image tokens already emitted
-        self.max_len = prefix + target.image_tokens + tree.size
+    def __init__(self, bundle: Bundle, sampling: SamplingConfig, tree: DraftTree, rule=None, seed: int = 0) -> None:
+        self.bundle, self.runner = bundle, bundle.runner
+        target = bundle.target
+        rule = rule or (Eagle() if tree.size else AR())
+        ws = Workspace(target, bundle.drafter if tree.size else None, rule, tree, sampling)
+        ws.reset(seed)
+        device, start = bundle.device, target.image_tokens // 2
         generator = torch.Generator().manual_seed(seed)
-        self.tokens = torch.randint(0, target.vocab_size, (self.start,), generator=generator).to(device)
-        self.rows, self.device = rows, device
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        ws.tokens[:start] = torch.randint(0, target.vocab_size, (start,), generator=generator).to(device)
+        ws.n.fill_(start)
+        committed = target.prefix_length + start - 1  # every emitted token but the last (the next root)
+        ws.target_cache.commit(None, committed)
+        if tree.size:
+            pending = min(3, tree.depth + 1)
+            ws.drafter_cache.commit(None, committed - pending)
+            ws.feature_buffers(torch.zeros(sampling.rows, 1, bundle.config.dim, device=device,
+                                           dtype=next(bundle.drafter.parameters()).dtype))
+            ws.pending_tokens[:pending] = ws.tokens[start - pending:start]
+            ws.pending_count.fill_(pending)
+        self.ws = ws
+        self.saved = self.save()
+        if tree.size:
+            self.run("drafting", draft_phase)  # a drafted tree to verify
+            self.saved = self.save()
 
-    def target_cache(self, target=None):
-        """A target cache holding the prefix and the emitted tokens but the last (the next round's root); the
-        keys' values do not change the cost of attending to them."""
-        target = target or self.bundle.target
-        cache = target.new_cache(self.rows, self.max_len)
-        cache.commit(list(range(target.prefix_length + self.start - 1)))
-        return cache
+    def save(self) -> dict:
+        ws = self.ws
+        tensors = [ws.n, ws.rounds, ws.pending_count, ws.pending_tokens, ws.node_tokens, ws.node_valid, ws.q,
+                   *([ws.pending_features] if ws.pending_features is not None else [])]
+        caches = [cache for cache in (ws.target_cache, ws.drafter_cache) if cache is not None]
+        return {"tensors": [(t, t.clone()) for t in tensors],
+                "caches": [(c, c.length, c.start.clone() if hasattr(c, "start") else None) for c in caches]}
 
-    def drafter_state(self) -> tuple[object, State]:
-        drafter = self.bundle.drafter
-        cache = drafter.new_cache(self.rows, self.max_len)
-        cache.commit(list(range(self.bundle.target.prefix_length + self.start - 2)))
-        features = torch.zeros(self.rows, 1, self.bundle.config.dim, device=self.device,
-                               dtype=next(drafter.parameters()).dtype)
-        return cache, State(self.tokens.tolist(), self.tokens[-1:].tolist(), features)
+    def restore(self) -> None:
+        for tensor, value in self.saved["tensors"]:
+            tensor.copy_(value)
+        for cache, length, start in self.saved["caches"]:
+            cache.length = length
+            if start is not None:
+                cache.start.copy_(start)
 
-
-def verification(setting: Setting, tree: DraftTree, target=None) -> Callable[[], object]:
-    """One target forward over root + ``tree`` (the empty tree: one AR step), then its logits; ``target``
-    (default: the bundle's) may run its steps differently."""
-    target = target or setting.bundle.target
-    cache = setting.target_cache(target)
-    index = tree.tensors(setting.device)
-    nodes = torch.zeros(tree.size + 1, dtype=torch.long, device=setting.device)
-    positions = target.prefix_length - 1 + setting.start + index["depths"]
-
-    def step():
+    def run(self, name: str, phase: Callable) -> None:
+        """One call of ``phase`` from the saved state (on CUDA, captured on the first call and replayed after)."""
         with torch.inference_mode():
-            hidden = target(target.embed(nodes)[None].expand(setting.rows, -1, -1), positions, cache, 0,
-                            index["mask"] if tree.size else None)
-            return target.logits(hidden)
-    return step
+            self.restore()
+            self.runner.run(self.ws, name, phase)
 
+    def step(self, name: str, phase: Callable) -> Callable[[], None]:
+        return lambda: self.run(name, phase)
 
-def drafter_level(setting: Setting) -> Callable[[], object]:
-    """One drafter level of a chain: catch up one pair, draft one token (its forward, head, transform, draw)."""
-    one = parse_draft("chain:1")
-
-    def step():
+    def round(self) -> None:
+        """One whole round from the saved state: drafting, then verification."""
         with torch.inference_mode():
-            cache, state = setting.drafter_state()
-            return draft(setting.bundle.drafter, setting.bundle.target, cache, one, state, setting.sampling,
-                         setting.generator)
-    return step
+            self.restore()
+            self.runner.run(self.ws, "drafting", draft_phase)
+            self.runner.run(self.ws, "verification", verify_phase)
 
 
-def drafting(setting: Setting, tree: DraftTree, pending: int = 3) -> Callable[[], object]:
-    """The whole drafting phase of a round, as ``decode_round`` runs it: catch up ``pending`` (input, feature)
-    pairs (a chain:5 round accepts about 2 tokens, plus the target's own), then draft ``tree`` level by level."""
+class Census(TorchFunctionMode):
+    """While active and not ``paused``: every torch operation issued, and every value read back to the host
+    with the bytes it moves (what a round costs the host, apart from the phases a graph would replay). A read
+    is a copy off the device (``cpu``, ``tolist``, ``item`` and Python's conversions); turning the copy into
+    numpy moves nothing more."""
 
-    def step():
-        with torch.inference_mode():
-            cache, state = setting.drafter_state()
-            features = state.pending_features.expand(-1, pending, -1)
-            state = State(state.tokens, setting.tokens[-pending:].tolist(), features)
-            return draft(setting.bundle.drafter, setting.bundle.target, cache, tree, state, setting.sampling,
-                         setting.generator)
-    return step
+    READS = {"cpu", "tolist", "item", "__bool__", "__int__", "__float__", "__index__"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operations, self.reads, self.read_bytes, self.paused = 0, 0, 0, False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if not self.paused:
+            self.operations += 1
+            if getattr(func, "__name__", "") in self.READS and isinstance(args[0], torch.Tensor):
+                self.reads += 1
+                self.read_bytes += args[0].numel() * args[0].element_size()
+        return func(*args, **(kwargs or {}))
 
 
-def acceptance(setting: Setting, tree: DraftTree) -> Callable[[], object]:
-    """What a round does after its verification forward, as ``decode_round`` does it: the sampling transform
-    of root + tree logits, the one copy to the host (:func:`to_host`), float64 rows and the walk."""
-    logits = verification(setting, tree)()
-    q = probabilities(logits, setting.sampling).roll(1, dims=-1)  # a stand-in draft distribution, unlike p
-    ranked = torch.argsort(q, dim=-1, descending=True)  # a child of rank r drafts its parent's r-th likeliest
-    drafted = [0] + [int(ranked[tree.parent[node], tree.paths[node - 1][-1]]) for node in range(1, tree.size + 1)]
-    tokens = torch.tensor(drafted, device=setting.device)
-    valid, rule = torch.ones(tree.size + 1, dtype=torch.bool, device=setting.device), Eagle()
-    rng = np.random.default_rng(0)
+class CountedPhases:
+    """A phase runner that runs another's phases (the CPU stand-in for CUDA graphs) with ``census`` paused, so
+    the census sees only what happens outside the phases; ``runs`` counts phase runs (a GPU's replays)."""
 
-    def step():
-        p_rows, q_rows, host_tokens, host_valid = to_host(probabilities(logits, setting.sampling), q, tokens, valid,
-                                                          tree)
-        return verify(tree, host_tokens, host_valid, p_rows, q_rows, rule, rng)
-    return step
+    def __init__(self, inner: CheckedPhases, census: Census) -> None:
+        self.inner, self.census, self.runs = inner, census, 0
+
+    def workspace(self, key: tuple, build: Callable):
+        return self.inner.workspace(key, build)
+
+    def generation(self):
+        return self.inner.generation()
+
+    def run(self, workspace, name: str, phase: Callable) -> None:
+        self.census.paused, self.runs = True, self.runs + 1
+        try:
+            self.inner.run(workspace, name, phase)
+        finally:
+            self.census.paused = False
+
+
+def structure(bundle: Bundle, sampling: SamplingConfig, spec: str, rule, condition, seed: int = 0) -> dict:
+    """What one image's rounds cost the host, counted on the CPU (the figures do not depend on the hardware):
+    phase runs per round (the replays a GPU makes), torch operations issued outside the phases per round, and
+    host reads with the bytes they copy, per round and per image. The phases run under the CPU stand-in for
+    CUDA graphs, which refuses a host read inside them or an operation sequence that changes between rounds."""
+    static = bundle.with_steps("static")
+    census = Census()
+    runner = CountedPhases(CheckedPhases(), census)
+    tree = parse_draft(spec) if rule.drafts else DraftTree(())
+    with census:
+        result = decode(static.target, static.drafter, condition, rule, tree, sampling, seed, runner=runner)
+    rounds = result.stats.target_forwards - 1  # the prefill is not a round
+    return {"draft": spec if rule.drafts else "none", "method": rule.name, "rounds": rounds,
+            "phase_runs_per_round": runner.runs / rounds, "host_reads_in_rounds": 0,
+            "operations_outside_phases_per_round": census.operations / rounds,
+            "host_reads_per_image": census.reads, "host_bytes_per_image": census.read_bytes,
+            "host_bytes_per_round": census.read_bytes / rounds}
 
 
 def random_caption(config, seed: int) -> Caption:
@@ -195,24 +230,33 @@ def wall_clock(bundle: Bundle, sampling: SamplingConfig, images: int, seed: int)
 def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup: int = 3, images: int = 2,
             seed: int = 0, compare_steps: bool = False) -> dict:
     """Every part's time, the speed-ups they imply at the paper's tau, and measured whole-image speed-ups;
-    with ``compare_steps``, the AR step under every other steps mode this device runs."""
+    with ``compare_steps``, the AR step under every other steps mode this device runs. A part is a phase of the
+    round as the engine runs it (or, for verification and acceptance, its two halves), from a saved state."""
     device = bundle.device
-    widest = parse_draft(DRAFTS[-1], None).truncated(bundle.target.image_tokens // 2 - 2)
-    setting = Setting(bundle, sampling, widest, seed)
-    parts = {"ar_step": timed(verification(setting, DraftTree(())), repeats, warmup, device)}
+    cut = bundle.target.image_tokens // 2 - 2  # the trees must fit the half image left
+
+    def time(step: Callable[[], None]) -> dict:
+        return timed(step, repeats, warmup, device)
+
+    ar = Setting(bundle, sampling, DraftTree(()), seed=seed)
+    parts = {"ar_step": time(ar.step("verification", verify_phase))}
     if compare_steps:
         for mode in device_modes(device):
             if mode != bundle.steps:
-                other = bundle.with_steps(mode).target
-                parts[f"ar_step [{mode}]"] = timed(verification(setting, DraftTree(()), other), repeats, warmup, device)
+                other = bundle.with_steps(mode)
+                parts[f"ar_step [{mode}]"] = time(Setting(other, sampling, DraftTree(()), seed=seed).step(
+                    "verification", verify_phase))
     for spec in DRAFTS:
-        tree = parse_draft(spec).truncated(bundle.target.image_tokens // 2 - 2)
-        parts[f"verify {spec}"] = timed(verification(setting, tree), repeats, warmup, device)
+        setting = Setting(bundle, sampling, parse_draft(spec).truncated(cut), seed=seed)
+        parts[f"verify {spec}"] = time(setting.step("score", score))
+        setting.run("score", score)  # the logits the acceptance reads
+        parts[f"acceptance {spec}"] = time(setting.step("acceptance", accept))
         if bundle.drafter is not None:
-            parts[f"drafting {spec}"] = timed(drafting(setting, tree), repeats, warmup, device)
-        parts[f"acceptance {spec}"] = timed(acceptance(setting, tree), repeats, warmup, device)
+            parts[f"drafting {spec}"] = time(setting.step("drafting", draft_phase))
+            parts[f"round {spec}"] = time(setting.round)
     if bundle.drafter is not None:
-        parts["drafter_level"] = timed(drafter_level(setting), repeats, warmup, device)
+        parts["drafter_level"] = time(Setting(bundle, sampling, parse_draft("chain:1"), seed=seed).step(
+            "drafting", draft_phase))
     tokens = torch.randint(0, bundle.config.vocab_size, (bundle.config.image_tokens,)).tolist()
     parts["image_decode"] = timed(lambda: bundle.image(tokens), max(3, repeats // 4), 1, device)
     return {"model": bundle.name, "device": device_name(device), "dtype": str(bundle.dtype).removeprefix("torch."),
@@ -227,13 +271,15 @@ def device_modes(device: torch.device) -> tuple[str, ...]:
 
 
 def implied(parts: dict) -> dict:
-    """Implied (not measured) speed-up over AR at the paper's tau, per draft: tau * ar / round, where a round
-    is its verification, its whole drafting phase and its acceptance."""
+    """Implied (not measured) speed-up over AR at the paper's tau, per draft: tau * ar / round, with the round
+    timed whole (its drafting and verification phases, as the engine runs them), or, for a model without a
+    drafter, its verification forward and acceptance."""
     ar = parts["ar_step"]["median_s"]
     out = {}
     for spec in DRAFTS:
-        drafting_s = parts.get(f"drafting {spec}", {}).get("median_s", 0.0)
-        round_s = parts[f"verify {spec}"]["median_s"] + drafting_s + parts[f"acceptance {spec}"]["median_s"]
+        whole = parts.get(f"round {spec}")
+        round_s = whole["median_s"] if whole else parts[f"verify {spec}"]["median_s"] + \
+            parts[f"acceptance {spec}"]["median_s"]
         out[spec] = round_speedups(round_s, ar)
     return out
 

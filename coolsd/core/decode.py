@@ -1,12 +1,17 @@
 """The decoding loop: one engine for vanilla AR (the empty draft), chain and static-tree speculative decoding.
 
-A round (spec section 1): ``draft`` (the drafter proposes a tree), ``score`` (the target scores root + tree in
-one forward), ``verify`` (walk the tree with the acceptance rule), ``commit`` (the caches keep the accepted
-path). Models are used only through :mod:`coolsd.core.interface`; positions follow from the prefix length P.
+A round (spec section 1) has two phases. ``draft_phase``: the drafter catches up on the pairs the last round
+kept, then drafts the tree level by level. ``verify_phase``: the target scores root + tree in one forward, the
+acceptance walk keeps a path (:func:`coolsd.core.verify.walk`), and the caches commit it. Both read and write
+the fixed buffers of a :class:`Workspace` on the device and read nothing back to the host, so a phase can be
+captured once as a CUDA graph and replayed (:mod:`coolsd.core.graphs`). The host enqueues the rounds it knows
+the image needs (each emits at most depth + 1 tokens), then reads how far the image got; the tokens and every
+round's statistics come back in one copy at the end. Models are used only through :mod:`coolsd.core.interface`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,14 +20,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .graphs import EAGER, PhaseRunner
 from .interface import Drafter, Target
 from .params import check
 from .rules import AcceptanceRule
 from .sampling import SamplingConfig, draw_without_replacement, probabilities, sample
-from .stats import DRAFT, FIRST, GenerationStats, Round, Timer
-from .transfer import index_tensor
+from .stats import FIRST, GenerationStats, Round, Timer, add_rounds, record_widths
 from .trees import DraftTree
-from .verify import verify
+from .verify import TARGET_CODE, Verdict, distributions, walk
 
 EMPTY = DraftTree((), "none")
 
@@ -33,16 +38,9 @@ class Generation:
     stats: GenerationStats
 
 
-@dataclass
-class State:
-    """What one round hands to the next: the image so far, and the (input, feature) pairs the drafter has not
-    seen yet: the target's features at those slots, the tokens that follow them and, after the prefill, the
-    prefix inputs that precede the first token (``lead``, none when P is 1)."""
-
-    tokens: list[int]
-    pending_tokens: list[int]
-    pending_features: Tensor
-    lead: Tensor | None = None
+def acceptance_dtype(device: torch.device) -> torch.dtype:
+    """float64 on a CPU (the exactness tests hold to rounding); float32 on CUDA, where float64 is slow."""
+    return torch.float64 if device.type == "cpu" else torch.float32
 
 
 def causal(length: int, device: torch.device) -> Tensor | None:
@@ -50,172 +48,222 @@ def causal(length: int, device: torch.device) -> Tensor | None:
     return torch.ones(length, length, dtype=torch.bool, device=device).tril() if length > 1 else None
 
 
-def token_inputs(drafter: Drafter, tokens: list[int], rows: int, device: torch.device) -> Tensor:
-    """The drafter's next-input embeddings of committed tokens, the same for every row."""
-    return drafter.embed(index_tensor(tokens, device))[None].expand(rows, -1, -1)
+class Workspace:
+    """The fixed buffers one kind of generation (models, rule, draft tree, sampling) reads and writes on the
+    device. A phase only writes into them in place, so a captured graph of it stays valid for every image."""
+
+    def __init__(self, target: Target, drafter: Drafter | None, rule: AcceptanceRule, tree: DraftTree,
+                 sampling: SamplingConfig, capture: bool = False) -> None:
+        self.target, self.drafter, self.rule, self.tree, self.sampling = target, drafter, rule, tree, sampling
+        device, rows, self.rows = target.device, sampling.rows, sampling.rows
+        nodes, window, images = tree.size + 1, tree.depth + 1, target.image_tokens
+        self.device, self.dtype = device, acceptance_dtype(device)
+        self.index = tree.tensors(device, self.dtype)
+        self.last_position = target.prefix_length + images - 1  # positions past the image are clamped (unused)
+        max_len = target.prefix_length + images + tree.size
+        self.target_cache = target.new_cache(rows, max_len)
+        self.drafter_cache = drafter.new_cache(rows, max_len) if tree.size else None
+        self.generator = torch.Generator(device=device)
+        self.timer = Timer(events=device.type == "cuda")
+        self.tokens = torch.zeros(images + window, dtype=torch.long, device=device)  # the image, then scratch
+        self.n = torch.zeros((), dtype=torch.long, device=device)  # tokens emitted so far
+        self.rounds = torch.zeros((), dtype=torch.long, device=device)
+        # the drafted tree, with the walk's leading batch dimension: tokens, validity, draft distributions
+        self.node_tokens = torch.zeros(1, nodes, dtype=torch.long, device=device)
+        self.node_valid = torch.ones(1, nodes, dtype=torch.bool, device=device)
+        self.q = torch.zeros(1, nodes, target.vocab_size, device=device)  # written at inner nodes
+        # the (input, feature) pairs the drafter has not seen: the last round's kept nodes and emitted tokens
+        self.pending_count = torch.zeros((), dtype=torch.long, device=device)
+        self.pending_tokens = torch.zeros(window, dtype=torch.long, device=device)
+        self.pending_features: Tensor | None = None  # (rows, window, dim), made by the first prefill
+        self.node_features: Tensor | None = None  # (rows, nodes, dim): the drafter's predicted feature per node
+        self.hidden = self.logits = None  # the last verification forward's features and logits
+        widths = record_widths(nodes, len(tree.inner_nodes), tree.depth)
+        self.records = torch.zeros(images, sum(widths.values()), dtype=torch.float64, device=device)
+        self.row = torch.zeros(1, self.records.shape[1], dtype=torch.float64, device=device)  # this round's record
+        bounds = np.cumsum([0, *widths.values()])
+        self.fields = {name: self.row[:, a:b] for name, a, b in zip(widths, bounds, bounds[1:])}
+        if not tree.size:  # an AR step's record: one kept root, its token drawn from the target
+            for name, value in (("count", 1), ("origin", TARGET_CODE), ("valid", 1), ("on_path", 1)):
+                self.fields[name].fill_(value)
+        shape = (images, window, target.vocab_size)
+        self.captured = (torch.zeros(shape, device=device), torch.zeros(shape, device=device)) if capture else None
+        self.window_mask = causal(window, device)
+        self.window_range = torch.arange(window, device=device)
+
+    def reset(self, seed: int) -> None:
+        """A new image: empty caches, the generator seeded, counters at zero (buffers kept, in place)."""
+        for cache in (self.target_cache, self.drafter_cache):
+            if cache is not None:
+                cache.reset()
+        self.generator.manual_seed(seed)
+        self.n.zero_()
+        self.rounds.zero_()
+
+    def feature_buffers(self, like: Tensor) -> None:
+        """The feature buffers, made once from a first hidden state (rows, T, dim) of the target's dtype."""
+        if self.pending_features is None:
+            self.pending_features = like.new_zeros(self.rows, self.tree.depth + 1, like.shape[-1])
+            self.node_features = like.new_zeros(self.rows, self.tree.size + 1, like.shape[-1])
+
+    def uniforms(self, *shape: int) -> Tensor:
+        return torch.rand(shape, generator=self.generator, dtype=self.dtype, device=self.device)
 
 
-def draft(drafter: Drafter, target: Target, cache, tree: DraftTree, state: State, sampling: SamplingConfig,
-          generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Catch the drafter up on the pending (input, target feature) pairs, then draft the tree depth by depth
-    from its own predicted features. Returns, per node 0..M (0 = root): tokens, validity, the draft
-    distribution its children were drawn from (M+1, V; unset at leaves) and its predicted feature (left unset
-    at the deepest level, which is never fed back)."""
-    pending = state.pending_features
-    device, rows = pending.device, pending.shape[0]
-    inputs = token_inputs(drafter, state.pending_tokens, rows, device)
-    if state.lead is not None:
-        inputs = torch.cat([state.lead, inputs], dim=1)
-    index = tree.tensors(device)
-    start, count = cache.length, inputs.shape[1]
-    out = drafter(inputs, pending, torch.arange(start, start + count, device=device), cache, 0,
-                  causal(count, device))
-    cache.commit(list(range(count)))
+def prefill(ws: Workspace, condition: Any) -> None:
+    """Score the condition's P prefix positions and draw the first image token from the last one. The drafter
+    sees the prefix pairs but the last: slot s pairs the target's feature at s with the next input (the prefix's
+    embedding at s + 1); slot P - 1 pairs with the first token and is the first round's catch-up."""
+    target, device, rows = ws.target, ws.device, ws.rows
+    with ws.timer.phase("target_forward"):
+        prefix = target.prefix(condition, rows)
+        length = prefix.length
+        hidden = target(prefix.embeds, torch.arange(length, device=device), ws.target_cache, 0,
+                        causal(length, device), prefix.valid)
+        ws.target_cache.commit(None, length)
+        logits = target.logits(hidden[:, -1:])
+    with ws.timer.phase("acceptance"):
+        first = sample(distributions(probabilities(logits, ws.sampling).to(ws.dtype)), ws.uniforms(1))
+        ws.tokens[:1] = first
+        ws.n.fill_(1)
+    if ws.drafter_cache is None:
+        return
+    with ws.timer.phase("drafting"):
+        if length > 1:
+            lead = ws.drafter.lead_inputs(prefix.embeds)
+            ws.drafter(lead, hidden[:, :-1], torch.arange(length - 1, device=device), ws.drafter_cache, 0,
+                       causal(length - 1, device))
+            ws.drafter_cache.commit(None, length - 1)
+        ws.feature_buffers(hidden)
+        ws.pending_features[:, :1] = hidden[:, -1:]
+        ws.pending_tokens[:1] = first
+        ws.pending_count.fill_(1)
 
-    features = out.new_empty(rows, tree.size + 1, out.shape[-1])
-    features[:, 0] = out[:, -1]
-    tokens = torch.zeros(tree.size + 1, dtype=torch.long, device=device)
-    valid = torch.ones(tree.size + 1, dtype=torch.bool, device=device)
-    q = torch.empty(tree.size + 1, target.vocab_size, device=device)  # only inner rows are written and read
+
+def draft_phase(ws: Workspace) -> None:
+    """Catch the drafter up on the pending (input, target feature) pairs (a fixed window, the first
+    ``pending_count`` real), then draft the tree depth by depth from its own predicted features: per node the
+    token, its validity and (at inner nodes) the draft distribution its children are drawn from."""
+    with ws.timer.phase("drafting"):
+        draft_tree(ws)
+
+
+def draft_tree(ws: Workspace) -> None:
+    drafter, target, tree, index, rows = ws.drafter, ws.target, ws.tree, ws.index, ws.rows
+    cache, count = ws.drafter_cache, ws.pending_count
+    root_position = ws.n + target.prefix_length - 1  # the root: the last emitted token, not yet in any cache
+    inputs = drafter.embed(ws.pending_tokens)[None].expand(rows, -1, -1)
+    positions = (root_position - count + ws.window_range).clamp_max(ws.last_position)
+    out = drafter(inputs, ws.pending_features, positions, cache, 0, ws.window_mask)
+    cache.commit(None, count)
+
+    features = ws.node_features
+    features[:, :1] = out.index_select(1, (count - 1).reshape(1))
+    tokens, valid = ws.node_tokens[0], ws.node_valid[0]
+    tokens[:1] = ws.tokens.index_select(0, (ws.n - 1).reshape(1))
     for depth, level in enumerate(index["levels"], start=1):
         nodes = tree.levels[depth]
-        q_level = probabilities(target.logits(features[:, level["distinct"]]), sampling)
-        q[level["distinct"]] = q_level
-        drawn, drawn_valid = draw_without_replacement(q_level, level["width"], generator)
+        q_level = probabilities(target.logits(features[:, level["distinct"]]), ws.sampling)
+        ws.q[0, level["distinct"]] = q_level
+        drawn, drawn_valid = draw_without_replacement(q_level, level["width"], ws.generator)
         tokens[nodes.start:nodes.stop] = drawn.flatten()[level["drawn"]]
         valid[nodes.start:nodes.stop] = drawn_valid.flatten()[level["drawn"]] & valid[level["parents"]]
         if depth < tree.depth:
             embeds = drafter.embed(tokens[nodes.start:nodes.stop])[None].expand(rows, -1, -1)
-            positions = torch.full((len(nodes),), start + count + depth - 1, device=device)
+            level_positions = (root_position + depth - 1).clamp_max(ws.last_position).expand(len(nodes))
             mask = None if level["sees_all"] else index["mask"][nodes.start:nodes.stop, 1:nodes.stop]
-            features[:, nodes.start:nodes.stop] = drafter(embeds, features[:, level["parents"]], positions, cache,
-                                                          nodes.start - 1, mask)
-    return tokens, valid, q, features
+            features[:, nodes.start:nodes.stop] = drafter(embeds, features[:, level["parents"]], level_positions,
+                                                          cache, nodes.start - 1, mask)
 
 
-def to_numpy(probs: Tensor) -> np.ndarray:
-    """float64 rows, renormalised, for the exact acceptance arithmetic."""
-    rows = probs.double().cpu().numpy()
-    totals = rows.sum(axis=-1, keepdims=True)
-    return np.divide(rows, totals, out=rows, where=totals > 0)  # rows never filled (leaves) stay zero
+def verify_phase(ws: Workspace) -> None:
+    """Score root + tree in one target forward, then walk it with the rule and commit what it kept."""
+    score(ws)
+    accept(ws)
 
 
-class HostRows:
-    """Distribution rows copied to the host in float32, each turned into renormalised float64 (as
-    :func:`to_numpy`) only when the acceptance walk first reads it: a round reads few of a tree's rows."""
-
-    def __init__(self, rows: np.ndarray, nodes: list[int]) -> None:
-        self.rows, self.where, self.ready = rows, {node: i for i, node in enumerate(nodes)}, {}
-
-    def __getitem__(self, node: int) -> np.ndarray:
-        if node not in self.ready:
-            row = self.rows[self.where[node]].astype(np.float64)
-            total = row.sum()
-            self.ready[node] = row / total if total > 0 else row
-        return self.ready[node]
+def score(ws: Workspace) -> None:
+    """The target's forward over root + tree (the root: image token n - 1, at position P + n - 1): its
+    features and logits, kept in the workspace for :func:`accept`."""
+    target, tree, index = ws.target, ws.tree, ws.index
+    with ws.timer.phase("target_forward"):
+        if not tree.size:  # AR: the root is the last emitted token
+            ws.node_tokens[0].copy_(ws.tokens.index_select(0, (ws.n - 1).reshape(1)))
+        embeds = target.embed(ws.node_tokens).expand(ws.rows, -1, -1)
+        positions = (ws.n + target.prefix_length - 1 + index["depths"]).clamp_max(ws.last_position)
+        ws.hidden = target(embeds, positions, ws.target_cache, 0, index["mask"] if tree.size else None)
+        ws.logits = target.logits(ws.hidden)
 
 
-def to_host(p: Tensor, q: Tensor | None, tokens: Tensor, valid: Tensor, tree: DraftTree
-            ) -> tuple[HostRows, HostRows | None, list[int], list[bool]]:
-    """Everything the acceptance walk needs, in ONE device-to-host copy per round: the target rows of the root
-    and every node, the draft rows of the nodes that have children, and the drafted tokens and their validity
-    (token ids are exact in float32 below 2**24)."""
-    if p.shape[-1] > 2**24:
-        raise ValueError(f"a vocabulary of {p.shape[-1]} tokens does not fit the float32 copy of drafted tokens")
-    inner = tree.inner_nodes
-    parts = [p.flatten(), tokens.float(), valid.float()]
-    if q is not None:
-        parts.insert(1, q[tree.tensors(q.device)["inner"]].flatten())
-    packed = torch.cat(parts).cpu().numpy()
-    vocab, nodes = p.shape[-1], tree.size + 1
-    p_end = nodes * vocab
-    q_end = p_end + len(inner) * vocab if q is not None else p_end
-    p_rows = HostRows(packed[:p_end].reshape(nodes, vocab), list(range(nodes)))
-    q_rows = HostRows(packed[p_end:q_end].reshape(len(inner), vocab), inner) if q is not None else None
-    drafted = packed[q_end:q_end + nodes].astype(np.int64).tolist()
-    return p_rows, q_rows, drafted, (packed[q_end + nodes:] > 0).tolist()
+def accept(ws: Workspace) -> None:
+    """Walk the scored tree with the rule, then commit: the kept path's keys in the target cache, the emitted
+    tokens, the next catch-up's pairs, and the round's record."""
+    tree, index = ws.tree, ws.index
+    with ws.timer.phase("acceptance"):
+        p = probabilities(ws.logits, ws.sampling)[None].to(ws.dtype)
+        valid = ws.node_valid & (index["depths"] < ws.target.image_tokens - ws.n)  # nothing past the image's end
+        if tree.size:
+            p, q = distributions(p), distributions(ws.q.to(ws.dtype))
+        verdict = walk(index, ws.node_tokens, valid, p, q if tree.size else p, ws.rule,
+                       ws.uniforms(1, tree.size + 2))
+        keep, count = verdict.keep[0], verdict.count[0]
+        ws.target_cache.commit(None if tree.is_chain else keep, count)
+        record(ws, verdict, valid)
+        if ws.captured is not None:
+            for buffer, rows in zip(ws.captured, (p, q)):
+                buffer.index_copy_(0, ws.rounds.reshape(1), rows[:, keep].float())
+        ws.tokens.index_copy_(0, ws.n + ws.window_range, verdict.emitted[0])
+        if ws.drafter_cache is not None:
+            hidden = ws.hidden
+            ws.pending_features.copy_(hidden[:, :tree.depth + 1] if tree.is_chain else hidden.index_select(1, keep))
+            ws.pending_tokens.copy_(verdict.emitted[0])
+            ws.pending_count.copy_(count)
+        ws.n.add_(count)
+        ws.rounds.add_(1)
 
 
-@dataclass
-class Run:
-    """Everything one generation's steps share."""
-
-    target: Target
-    drafter: Drafter | None
-    rule: AcceptanceRule
-    tree: DraftTree
-    sampling: SamplingConfig
-    rng: np.random.Generator
-    generator: torch.Generator
-    timer: Timer
-    stats: GenerationStats
-    target_cache: Any
-    drafter_cache: Any
-    capture: list | None
+def record(ws: Workspace, verdict: Verdict, valid: Tensor) -> None:
+    """This round's record into its row of ``ws.records`` (an AR step's constant fields are set once)."""
+    values = {"start": ws.n, "emitted": verdict.emitted}
+    if ws.tree.size:
+        values.update(drafted=ws.node_tokens, valid=valid, **{name: getattr(verdict, name) for name in (
+            "count", "origin", "accept_prob", "accepted", "tested", "cost", "level_prob", "on_path")})
+    for name, value in values.items():
+        ws.fields[name].copy_(value)
+    ws.records.index_copy_(0, ws.rounds.reshape(1), ws.row)
 
 
-def prefill(run: Run, condition: Any) -> State:
-    """Score the condition's P prefix positions and sample the first image token from the last one. The
-    drafter's first pairs are the prefix slots: slot s pairs the target's feature at s with the next input (the
-    prefix's embedding at s + 1, and the first token's after the last slot)."""
-    target, device, rows = run.target, run.generator.device, run.sampling.rows
-    with run.timer.phase("target_forward"):
-        prefix = target.prefix(condition, rows)
-        length = prefix.length
-        hidden = target(prefix.embeds, torch.arange(length, device=device), run.target_cache, 0,
-                        causal(length, device), prefix.valid)
-        run.target_cache.commit(list(range(length)))
-        logits = target.logits(hidden[:, -1:])
-    with run.timer.phase("acceptance"):
-        token = sample(to_numpy(probabilities(logits, run.sampling))[0], run.rng)
-    run.stats.rounds.append(Round(0, [], [], [], {}, [token], FIRST))
-    run.stats.emit(FIRST)
-    lead = run.drafter.lead_inputs(prefix.embeds) if run.tree.size and length > 1 else None
-    return State([token], [token], hidden, lead)  # the image so far: extended in place by each round
+def rounds_needed(remaining: int, depth: int) -> int:
+    """Rounds the image surely still needs: each emits at most ``depth + 1`` tokens (fewer near the end)."""
+    return math.ceil(remaining / (depth + 1))
 
 
-def decode_round(run: Run, state: State) -> State:
-    """One round: draft, score root + tree in one target forward, verify, commit the accepted path."""
-    target, device, rows = run.target, run.generator.device, run.sampling.rows
-    n = len(state.tokens)
-    tree = run.tree.truncated(target.image_tokens - n - 1)
-    index = tree.tensors(device)
-    root = index_tensor([state.tokens[-1]], device)
-    node_tokens, node_valid, q = root, torch.ones(1, dtype=torch.bool, device=device), None
-    if tree.size:
-        with run.timer.phase("drafting"):
-            node_tokens, node_valid, q, _ = draft(run.drafter, target, run.drafter_cache, tree, state, run.sampling,
-                                                  run.generator)
-            node_tokens[:1] = root  # a device-to-device copy: setting a Python int would wait for the GPU
-        run.stats.drafter_forwards += tree.depth
-    with run.timer.phase("target_forward"):  # score: the root is image token n-1, at position P + n - 1
-        embeds = target.embed(node_tokens)[None].expand(rows, -1, -1)
-        positions = target.prefix_length - 1 + n + index["depths"]
-        hidden = target(embeds, positions, run.target_cache, 0, index["mask"] if tree.size else None)
-        logits = target.logits(hidden)
-    with run.timer.phase("acceptance"):
-        p = probabilities(logits, run.sampling)
-        p_rows, q_rows, drafted, valid = to_host(p, q, node_tokens, node_valid, tree)
-        path, token, origin, tested, level_prob = verify(tree, drafted, valid, p_rows, q_rows, run.rule, run.rng,
-                                                         run.capture)
-    keep = [0] + path
-    run.target_cache.commit(keep)
-    # a chain (and a tree along first children) keeps a prefix of the pending area: a slice, no index to copy
-    keep_index = slice(0, len(keep)) if keep == list(range(len(keep))) else index_tensor(keep, device)
-    emitted = [drafted[i] for i in path] + [token]
-    record(run.stats, tree, drafted, valid, path, emitted, origin, tested, level_prob, n)
-    state.tokens.extend(emitted)
-    return State(state.tokens, emitted, hidden[:, keep_index])
+def run_rounds(ws: Workspace, runner: PhaseRunner) -> int:
+    """Enqueue rounds until the image is done, reading its length only once the known-needed rounds are queued
+    (the one host read between rounds; on CUDA it waits for them). Returns the number of rounds."""
+    images, depth = ws.target.image_tokens, ws.tree.depth
+    done, emitted = 0, 1
+    while emitted < images:
+        batch = rounds_needed(images - emitted, depth)
+        for _ in range(batch):
+            if ws.tree.size:
+                runner.run(ws, "drafting", draft_phase)
+            runner.run(ws, "verification", verify_phase)
+        done += batch
+        emitted = int(ws.n)
+    return done
 
 
-def record(stats: GenerationStats, tree: DraftTree, drafted: list[int], valid: list[bool], path: list[int],
-           emitted: list[int], origin: str, tested: list, level_prob: dict, start: int) -> None:
-    """Bookkeeping of one round: each emitted token's origin, depth and acceptance probability, and the round."""
-    probs_by_node = {c.node: c.accept_prob for c in tested}
-    for i in path:
-        stats.emit(DRAFT, tree.depths[i], probs_by_node[i])
-    stats.emit(origin)
-    stats.rounds.append(Round(start, drafted[1:], valid[1:], tested, level_prob, emitted, origin))
+def read_back(ws: Workspace, stats: GenerationStats, rounds: int) -> list[int]:
+    """The image's tokens and every round's statistics, copied from the device once."""
+    records = ws.records[:rounds].cpu().numpy()
+    tokens = ws.tokens[:ws.target.image_tokens].tolist()
+    captured = tuple(buffer[:rounds].cpu().numpy() for buffer in ws.captured) if ws.captured is not None else None
+    stats.rounds.append(Round(0, [], [], [], {}, tokens[:1], FIRST))
+    stats.emit(FIRST)
+    add_rounds(stats, records, ws.tree, captured)
+    stats.drafter_forwards = rounds * ws.tree.depth
+    return tokens
 
 
 def describe(condition: Any) -> dict:
@@ -225,42 +273,41 @@ def describe(condition: Any) -> dict:
 
 @torch.inference_mode()
 def decode(target: Target, drafter: Drafter | None, condition: Any, rule: AcceptanceRule, tree: DraftTree,
-           sampling: SamplingConfig, seed: int, capture: bool = False) -> Generation:
+           sampling: SamplingConfig, seed: int, capture: bool = False, runner: PhaseRunner = EAGER) -> Generation:
     """Generate one image's tokens. ``tree`` empty (or a rule that does not draft, AR) = vanilla AR: one
-    token per target forward."""
+    token per target forward. ``runner`` runs the round's phases (eagerly, or as CUDA graphs)."""
     tree = tree if rule.drafts else EMPTY
     if tree.size and drafter is None:
         raise ValueError("this model has no drafter: only method 'ar' is available")
-    device = target.device
     condition_info = describe(condition)
     stats = GenerationStats(method=rule.name, params=rule.params(), draft=tree.name, tree_depth=tree.depth,
                             class_id=condition_info.get("class_id"), seed=seed, sampling=sampling.to_dict(),
                             omegas=[rule.omega(d) for d in range(1, tree.depth + 1)], condition=condition_info)
-    max_len = target.prefix_length + target.image_tokens + tree.size
-    run = Run(target, drafter, rule, tree, sampling, np.random.default_rng(seed),
-              torch.Generator(device=device).manual_seed(seed),
-              Timer(events=device.type == "cuda"), stats,
-              target.new_cache(sampling.rows, max_len),
-              drafter.new_cache(sampling.rows, max_len) if tree.size else None,
-              stats.captured if capture else None)
-    began = time.perf_counter()
-    state = prefill(run, condition)
-    while len(state.tokens) < target.image_tokens:
-        state = decode_round(run, state)
-    phases = run.timer.finish()  # on CUDA: the one wait for the device, after the last round
+    with runner.generation():  # a runner that keeps workspaces shares its models' caches: one image at a time
+        ws = runner.workspace((id(target), id(drafter), repr(rule), tree, sampling, capture),
+                              lambda: Workspace(target, drafter, rule, tree, sampling, capture))
+        began = time.perf_counter()
+        ws.reset(seed)
+        ws.timer = Timer(events=ws.device.type == "cuda")
+        prefill(ws, condition)
+        rounds = run_rounds(ws, runner)
+        phases = ws.timer.finish()  # on CUDA: the one wait for the device's timing events
+        tokens = read_back(ws, stats, rounds)
     stats.seconds = dict(phases, total=time.perf_counter() - began)
-    stats.seconds["other"] = stats.seconds["total"] - sum(run.timer.seconds.values())
-    return Generation(state.tokens, stats)
+    stats.seconds["other"] = stats.seconds["total"] - sum(phases.values())
+    return Generation(tokens, stats)
 
 
 def generate(bundle, condition: Any, rule: AcceptanceRule, draft: DraftTree | None = None,
              sampling: SamplingConfig | None = None, seed: int = 0, capture: bool = False) -> Generation:
-    """One image's tokens and statistics from a model bundle (anything with ``target``, ``drafter`` and a
-    default ``sampling``): ``condition`` (a class id, or a model's condition object), an acceptance ``rule``
-    object, a ``draft`` tree (ignored by rules that do not draft), ``sampling`` (default: the bundle's)."""
+    """One image's tokens and statistics from a model bundle (anything with ``target``, ``drafter``, a default
+    ``sampling`` and a phase ``runner``): ``condition`` (a class id, or a model's condition object), an
+    acceptance ``rule`` object, a ``draft`` tree (ignored by rules that do not draft), ``sampling`` (default:
+    the bundle's)."""
     seed = check("seed", seed, high=2**63 - 1)
     return decode(bundle.target, bundle.drafter, condition, rule, draft or EMPTY, sampling or bundle.sampling, seed,
-                  capture=capture)
+                  capture=capture, runner=getattr(bundle, "runner", EAGER))
 
 
-__all__ = ["EMPTY", "Generation", "decode", "draft", "generate", "prefill", "decode_round", "verify"]
+__all__ = ["EMPTY", "Generation", "Workspace", "accept", "decode", "draft_phase", "generate", "prefill", "score",
+           "verify_phase", "walk"]

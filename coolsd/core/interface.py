@@ -30,12 +30,14 @@ class Prefix:
 
 
 class Cache(Protocol):
-    """A model's key/value cache: ``length`` committed positions; a forward writes pending positions after
-    them, and ``commit(keep)`` appends the kept pending positions (indices into the pending area, in order)."""
+    """A model's key/value cache: committed positions, then a pending area a forward writes after them.
+    ``commit(keep, count)`` appends the first ``count`` pending positions ``keep`` lists (indices into the
+    pending area, in order; None: the first ``count`` as they are), with ``keep`` and ``count`` possibly on the
+    device; ``reset()`` empties it for the next image."""
 
-    length: int
+    def commit(self, keep: "list[int] | Tensor | None", count: "Tensor | int | None" = None) -> None: ...
 
-    def commit(self, keep: list[int]) -> None: ...
+    def reset(self) -> "Cache": ...
 
 
 @runtime_checkable

@@ -5,7 +5,9 @@ With ``p_hat`` the rule's relaxed target at draft depth ``d``, a candidate ``y ~
 probability ``f_d(y) = min(1, p_hat(y) / q(y))``, so the accepted mass is ``a = q * f = min(q, p_hat)``.
 Eagle-1 is ``p_hat = p``; UniformRSD ``delta * p``; COOL-SD ``omega_d * p``; LANTERN++ ``p~``.
 On rejection the optimal residual ``G* = Norm([p - a]_+)`` replaces ``p`` unless a rule overrides it.
-A new rule is one subclass with ``relaxed_target`` (and ``omega`` if it has a schedule) plus one
+Rules are torch code over batched rows: ``p`` and ``q`` are ``(..., V)`` on any device and dtype, a depth is an
+int or a long tensor that broadcasts against ``p[..., :1]`` (one depth per row), so the engine evaluates every
+node of a draft tree at once (on the CPU in float64, where the exactness tests hold to rounding). A new rule is one subclass with ``relaxed_target`` (and ``omega`` if it has a schedule) plus one
 :func:`register` call with its parameter schema: the command line, the benchmark's method specs, the app's
 controls and the plots read the registry.
 """
@@ -23,15 +25,21 @@ from torch import Tensor
 from .params import PARAMS, Choice, Param, number, shorten
 
 
-def normalise(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    """``mass / sum(mass)``, or ``fallback`` when the mass is (numerically) zero (spec section 3)."""
-    total = mass.sum()
-    return mass / total if total > 1e-12 else fallback
+def normalise(mass: Tensor, fallback: Tensor) -> Tensor:
+    """Each row's ``mass / sum(mass)``, or ``fallback``'s row where the mass is (numerically) zero (spec
+    section 3)."""
+    total = mass.sum(-1, keepdim=True)
+    return torch.where(total > 1e-12, mass / total.clamp_min(torch.finfo(mass.dtype).tiny), fallback)
 
 
-def step_cost(p: np.ndarray, accepted: np.ndarray) -> float:
-    """``e = sum_y [q(y) f(y) - p(y)]_+``: the TV distance one verification step adds (spec section 4)."""
-    return float(np.maximum(accepted - p, 0.0).sum())
+def step_cost(p: Tensor, accepted: Tensor) -> Tensor:
+    """``e = sum_y [q(y) f(y) - p(y)]_+`` per row: the TV distance one verification step adds (spec section 4)."""
+    return (accepted - p).clamp_min(0).sum(-1)
+
+
+def as_index(value: "Tensor | int", like: Tensor) -> Tensor:
+    """A depth or token given as an int, as a long tensor on ``like``'s device (a tensor passes through)."""
+    return value if isinstance(value, Tensor) else torch.tensor(value, dtype=torch.long, device=like.device)
 
 
 class AcceptanceRule:
@@ -39,6 +47,7 @@ class AcceptanceRule:
 
     name = "eagle"
     drafts = True  # False: the engine drafts nothing, whatever the draft tree (AR)
+    relaxes = False  # True: q f may exceed p somewhere, so a step can cost e > 0 (the walk then computes it)
 
     def params(self) -> dict:
         return {}
@@ -47,24 +56,20 @@ class AcceptanceRule:
         """The multiplier on ``r = p/q`` at ``depth`` (1 for rules without one)."""
         return 1.0
 
-    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
+    def relaxed_target(self, p: Tensor, depth: "Tensor | int") -> Tensor:
         return p
 
-    def accepted_mass(self, p: np.ndarray, q: np.ndarray, depth: int) -> np.ndarray:
+    def accepted_mass(self, p: Tensor, q: Tensor, depth: "Tensor | int") -> Tensor:
         """``q * f_d`` at every token: the joint probability of drafting and accepting it."""
-        return np.minimum(q, self.relaxed_target(p, depth))
+        return torch.minimum(q, self.relaxed_target(p, depth))
 
-    def accept_prob(self, p: np.ndarray, q: np.ndarray, y: int, depth: int) -> float:
-        """``f_d(y) = min(1, p_hat(y) / q(y))`` for one drafted token (``q(y) > 0``)."""
-        return min(1.0, float(self.relaxed_target(p, depth)[y]) / q[y])
-
-    def residual(self, p: np.ndarray, q: np.ndarray, rejected: int, depth: int,
-                 accepted: np.ndarray | None = None) -> np.ndarray:
-        """Target distribution after ``rejected`` was refused: ``G* = Norm([p - q f]_+)``.
+    def residual(self, p: Tensor, q: Tensor, rejected: "Tensor | int", depth: "Tensor | int",
+                 accepted: Tensor | None = None) -> Tensor:
+        """Target distribution after ``rejected`` (one token per row) was refused: ``G* = Norm([p - q f]_+)``.
         ``accepted`` is ``accepted_mass(p, q, depth)`` when the caller already has it."""
         if accepted is None:
             accepted = self.accepted_mass(p, q, depth)
-        return normalise(np.maximum(p - accepted, 0.0), p)
+        return normalise((p - accepted).clamp_min(0), p)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in self.params().items())
@@ -85,6 +90,7 @@ class UniformRSD(AcceptanceRule):
     """``f = min(1, delta * r)`` at every depth."""
 
     name = "uniform"
+    relaxes = True
 
     def __init__(self, delta: float = 2.0) -> None:  # a class's defaults are its schema's (test_rules checks)
         self.delta = float(number("delta", delta, above=0))
@@ -95,7 +101,7 @@ class UniformRSD(AcceptanceRule):
     def omega(self, depth: int) -> float:
         return self.delta
 
-    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
+    def relaxed_target(self, p: Tensor, depth: "Tensor | int") -> Tensor:
         return self.delta * p
 
 
@@ -149,11 +155,13 @@ class CoolSD(AcceptanceRule):
     """``f_d = min(1, omega_d * r)`` with the annealed schedule ``omega_d`` (relax early depths more)."""
 
     name = "cool"
+    relaxes = True
 
     def __init__(self, delta: float = 2.0, nu: float = 0.7, mu: float | str = "auto", depth: int = 5,
                  schedule: str = "exp") -> None:
         self.omegas = omega_schedule(delta, nu, mu, depth, schedule)
         self.delta, self.nu, self.mu, self.depth, self.schedule = float(delta), float(nu), mu, depth, schedule
+        self.tables: dict[tuple, Tensor] = {}
 
     def params(self) -> dict:
         return {"delta": self.delta, "nu": self.nu, "mu": self.mu, "schedule": self.schedule}
@@ -161,8 +169,13 @@ class CoolSD(AcceptanceRule):
     def omega(self, depth: int) -> float:
         return self.omegas[min(depth, self.depth) - 1]
 
-    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
-        return self.omega(depth) * p
+    def relaxed_target(self, p: Tensor, depth: "Tensor | int") -> Tensor:
+        if not isinstance(depth, Tensor):
+            return self.omega(depth) * p
+        key = (p.device, p.dtype)  # omega by depth on the rows' device (index 0 unused; deeper: omega_D)
+        if key not in self.tables:
+            self.tables[key] = torch.tensor(self.omegas[:1] + self.omegas, dtype=p.dtype, device=p.device)
+        return self.tables[key][depth.clamp_max(self.depth)] * p
 
 
 def nearest_codes(codebook: Tensor, count: int, chunk: int = 2048) -> np.ndarray:
@@ -182,6 +195,7 @@ class Lantern(AcceptanceRule):
     ``p~ <= lambda * p`` (spec section 3). ``residual="lantern"`` reproduces the published heuristic."""
 
     name = "lantern"
+    relaxes = True
 
     def __init__(self, neighbours: np.ndarray, k: int = 10, lam: float = 5.0, residual: str = "gstar") -> None:
         k, lam = number("k", k, 0, integer=True), number("lambda", lam, 1)
@@ -189,45 +203,39 @@ class Lantern(AcceptanceRule):
         if neighbours.shape[1] < k + (residual == "lantern"):
             raise ValueError(f"k={k} needs {k + 1} neighbours per code, the table has {neighbours.shape[1]}")
         self.k, self.lam, self.residual_kind = k, float(lam), residual
-        self.neighbours = neighbours[:, :k]
-        self.by_rank = np.ascontiguousarray(self.neighbours.T)  # (k, V): row j = every code's j-th neighbour
-        self.wider = neighbours[:, :k + 1]  # the heuristic residual clears k+1 neighbours
+        self.wider = np.ascontiguousarray(neighbours[:, :k + 1])  # the heuristic residual clears k+1 neighbours
+        self.tables: dict[torch.device, Tensor] = {}
 
     def params(self) -> dict:
         return {"k": self.k, "lambda": self.lam, "residual": self.residual_kind}
 
-    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
-        return self.relaxed_at(p, np.arange(len(p)))
+    def table(self, device: torch.device) -> Tensor:
+        """Each code's nearest codes (V, k + 1), nearest first, on ``device`` (copied there once)."""
+        if device not in self.tables:
+            self.tables[device] = torch.from_numpy(self.wider).long().to(device)
+        return self.tables[device]
 
-    def relaxed_at(self, p: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """``p~`` at ``tokens`` only: ``S_m`` is a running sum over the nearest codes, and since it only grows,
-        the last ``S_m <= (lambda - 1) p`` is ``S_{m*}``. One vector step per rank, not per token."""
-        base = p[tokens]
-        limit, running, kept = (self.lam - 1) * base, np.zeros_like(base), np.zeros_like(base)
-        for neighbour in self.by_rank[:, tokens]:
-            running += p[neighbour]
-            np.copyto(kept, running, where=running <= limit)
-        return base + kept
+    def relaxed_target(self, p: Tensor, depth: "Tensor | int") -> Tensor:
+        """``S_m`` is a running sum over the nearest codes that only grows, so ``S_{m*}``, the last one with
+        ``S_m <= (lambda - 1) p``, is the largest such running sum (0 when none qualifies)."""
+        if self.k == 0:
+            return p
+        running = p[..., self.table(p.device)[:, :self.k]].cumsum(-1)  # (..., V, k): S_1..S_k of every token
+        qualifying = running <= (self.lam - 1) * p[..., None]
+        return p + torch.where(qualifying, running, 0).amax(-1)
 
-    # Since p~ >= p, min(q, p~) = q wherever q <= p: the three methods below give the base class's values
-    # exactly while computing p~ only where the draft overshoots the target.
-    def accepted_mass(self, p: np.ndarray, q: np.ndarray, depth: int) -> np.ndarray:
-        mass = q.copy()
-        over = np.flatnonzero(q > p)
-        mass[over] = np.minimum(q[over], self.relaxed_at(p, over))
-        return mass
-
-    def accept_prob(self, p: np.ndarray, q: np.ndarray, y: int, depth: int) -> float:
-        return 1.0 if q[y] <= p[y] else min(1.0, float(self.relaxed_at(p, np.array([y]))[0]) / q[y])
-
-    def residual(self, p: np.ndarray, q: np.ndarray, rejected: int, depth: int,
-                 accepted: np.ndarray | None = None) -> np.ndarray:
-        if self.residual_kind == "gstar":  # [p - min(q, p~)]_+ = [p - q]_+, as p~ >= p
-            return normalise(np.maximum(p - q, 0.0), p)
-        if self.k >= 1 and p[self.neighbours[rejected, 0]] <= (self.lam - 1) * p[rejected]:  # m*(y) >= 1
-            q = q.copy()
-            q[self.wider[rejected]] = 0.0
-        return normalise(np.maximum(p - q, 0.0), p)
+    def residual(self, p: Tensor, q: Tensor, rejected: "Tensor | int", depth: "Tensor | int",
+                 accepted: Tensor | None = None) -> Tensor:
+        """``gstar``: ``Norm([p - min(q, p~)]_+)`` (which is ``Norm([p - q]_+)``, as ``p~ >= p``). ``lantern``:
+        on rejecting ``y`` with ``m*(y) >= 1``, ``q`` is cleared on its ``k + 1`` nearest codes first."""
+        if self.residual_kind == "gstar" or self.k == 0:
+            return super().residual(p, q, rejected, depth, accepted)
+        rejected = as_index(rejected, p)
+        near = self.table(p.device)[rejected]  # (..., k + 1)
+        own = p.gather(-1, rejected[..., None])
+        spreads = p.gather(-1, near[..., :1]) <= (self.lam - 1) * own  # m*(y) >= 1: the nearest code qualifies
+        cleared = torch.where(spreads, q.scatter(-1, near, 0.0), q)
+        return normalise((p - cleared).clamp_min(0), p)
 
 
 # The registry ---------------------------------------------------------------------------------------------

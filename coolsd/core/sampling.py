@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -66,8 +65,10 @@ def draw_without_replacement(probs: Tensor, k: int, generator: torch.Generator) 
     return top.indices, top.values > 0
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from a (possibly unnormalised) nonnegative vector."""
-    cumulative = np.cumsum(probs)
-    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    return min(index, len(probs) - 1)
+def sample(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """One draw per row of a (possibly unnormalised) nonnegative ``probs`` (..., V) by inversion, from
+    ``uniforms`` (...) in [0, 1): the first token whose cumulative mass exceeds ``u`` times the total."""
+    cumulative = probs.cumsum(-1)
+    index = torch.searchsorted(cumulative, (uniforms * cumulative[..., -1])[..., None].to(cumulative.dtype),
+                               right=True)[..., 0]
+    return index.clamp_max(probs.shape[-1] - 1)

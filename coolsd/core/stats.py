@@ -10,9 +10,11 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch import Tensor
 
 # Where an image token came from.
 FIRST, DRAFT, RESAMPLED, BONUS, TARGET = "first", "draft", "resampled", "bonus", "target"
+ORIGINS = (RESAMPLED, BONUS, TARGET)  # a round's last token, by the walk's origin code (coolsd.core.verify)
 
 
 @dataclass
@@ -47,6 +49,54 @@ class Round:
         return {"start": self.start, "drafted": self.drafted, "valid": self.valid,
                 "tested": [vars(c) for c in self.tested], "emitted": self.emitted, "next_origin": self.next_origin,
                 "level_accept_prob": {str(k): v for k, v in self.level_accept_prob.items()}}
+
+
+# A round's record: what the device keeps of it until the image is done, one float64 row per round (token ids are
+# exact in float64). The fields, with their lengths for N tree nodes (root included), I inner nodes and depth D.
+RECORD_FIELDS = ("start", "count", "origin", "emitted", "drafted", "valid", "accept_prob", "accepted", "tested", "cost",
+                 "level_prob", "on_path")
+
+
+def record_widths(nodes: int, inner: int, depth: int) -> dict[str, int]:
+    """Each record field's length (``accept_prob`` and ``cost`` keep the walk's sink column)."""
+    special = {"start": 1, "count": 1, "origin": 1, "emitted": depth + 1, "accept_prob": nodes + 1,
+               "cost": nodes + 1, "level_prob": inner}
+    return {name: special.get(name, nodes) for name in RECORD_FIELDS}
+
+
+def unpack(rows: np.ndarray, widths: dict[str, int]) -> dict[str, np.ndarray]:
+    """The fields of packed record rows (R, width), each (R, length)."""
+    out, at = {}, 0
+    for name, width in widths.items():
+        out[name] = rows[:, at:at + width]
+        at += width
+    return out
+
+
+def add_rounds(stats: "GenerationStats", rows: np.ndarray, tree, captured: tuple | None = None) -> None:
+    """Rebuild the rounds of an image from its records (read from the device once): each round's drafted tree,
+    tested candidates in walk order, per-depth acceptance and emitted tokens, and each token's origin.
+    ``captured``: the (p, q) rows (R, D + 1, V) at each kept node, for the nodes whose children were tested."""
+    fields = unpack(rows, record_widths(tree.size + 1, len(tree.inner_nodes), tree.depth))
+    depths, parents, inner_row = tree.depths, tree.parent, {n: i for i, n in enumerate(tree.inner_nodes)}
+    for r in range(len(rows)):
+        f = {name: values[r] for name, values in fields.items()}
+        count, tested_nodes = int(f["count"][0]), np.flatnonzero(f["tested"] > 0)
+        tested = [Candidate(int(c), depths[c], float(f["accept_prob"][c]), bool(f["accepted"][c] > 0),
+                            float(f["cost"][c])) for c in tested_nodes]
+        kept = [int(n) for n in np.flatnonzero(f["on_path"] > 0)]  # root first, in depth order
+        tried = {parents[c] for c in tested_nodes}
+        level_prob = {depths[n] + 1: float(f["level_prob"][inner_row[n]]) for n in kept if n in tried}
+        emitted = [int(t) for t in f["emitted"][:count]]
+        origin = ORIGINS[int(f["origin"][0])]
+        for node in kept[1:]:
+            stats.emit(DRAFT, depths[node], float(f["accept_prob"][node]))
+        stats.emit(origin)
+        stats.rounds.append(Round(int(f["start"][0]), [int(t) for t in f["drafted"][1:]],
+                                  [bool(v > 0) for v in f["valid"][1:]], tested, level_prob, emitted, origin))
+        if captured is not None:
+            stats.captured += [{"depth": depths[n] + 1, "p": captured[0][r, depths[n]], "q": captured[1][r, depths[n]]}
+                               for n in kept if n in tried]
 
 
 @dataclass

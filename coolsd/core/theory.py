@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import torch
 
 from .rules import AcceptanceRule, step_cost
 
@@ -12,20 +13,22 @@ from .rules import AcceptanceRule, step_cost
 def one_step(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int = 1) -> dict:
     """Law of one verification step (draft ``y ~ q``, accept with ``f``, else draw from the residual), its
     acceptance rate ``beta``, its cost ``e = sum [q f - p]_+`` and its exact TV distance to ``p``."""
-    accepted = rule.accepted_mass(p, q, depth)
-    rejected = q - accepted  # q(y) (1 - f(y)): drafting y and refusing it
-    output = accepted.copy()
-    for y in np.flatnonzero(rejected > 0):  # a heuristic residual may depend on which token was refused
-        output += rejected[y] * rule.residual(p, q, int(y), depth, accepted)
-    beta = float(accepted.sum())
-    return {"beta": beta, "cost": step_cost(p, accepted), "output": output,
+    p_t, q_t = torch.from_numpy(np.asarray(p, dtype=np.float64)), torch.from_numpy(np.asarray(q, dtype=np.float64))
+    accepted = rule.accepted_mass(p_t, q_t, depth)
+    rejected = q_t - accepted  # q(y) (1 - f(y)): drafting y and refusing it
+    tokens = torch.arange(len(p_t))  # a heuristic residual may depend on which token was refused: one row each
+    residuals = rule.residual(p_t.expand(len(p_t), -1), q_t.expand(len(p_t), -1), tokens, depth,
+                              accepted.expand(len(p_t), -1))
+    output = (accepted + (rejected[:, None] * residuals).sum(0)).numpy()
+    return {"beta": float(accepted.sum()), "cost": float(step_cost(p_t, accepted)), "output": output,
             "tv": float(0.5 * np.abs(output - p).sum())}
 
 
 def step_rates(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int) -> tuple[float, float]:
     """``beta = sum_y q(y) f(y)`` and ``e = sum_y [q(y) f(y) - p(y)]_+`` of one draft position."""
-    accepted = rule.accepted_mass(p, q, depth)
-    return float(accepted.sum()), step_cost(p, accepted)
+    p_t, q_t = torch.from_numpy(np.asarray(p, dtype=np.float64)), torch.from_numpy(np.asarray(q, dtype=np.float64))
+    accepted = rule.accepted_mass(p_t, q_t, depth)
+    return float(accepted.sum()), float(step_cost(p_t, accepted))
 
 
 def round_summary(depths: list[int], beta: list[float], cost: list[float], omegas: list[float]) -> dict:

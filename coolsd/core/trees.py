@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+import torch.nn.functional as F
 
 from .params import number, shorten
 from .transfer import index_tensor, to_device
@@ -101,17 +102,63 @@ class DraftTree:
                         "drawn": [distinct.index(p) * width + r for p, r in zip(parents, ranks)]})
         return out
 
-    def tensors(self, device: torch.device) -> dict:
-        """The indices the decoding loop needs, built once per device: a slice where the indices are a run
-        (every chain index, many of a tree's), which costs no index kernel and no copy, else a tensor."""
-        key = str(device)
+    @cached_property
+    def is_chain(self) -> bool:
+        """One node per depth: the kept path is always a prefix of the nodes, committed without a gather."""
+        return all(len(level) == 1 for level in self.levels)
+
+    @cached_property
+    def width(self) -> int:
+        """The most children of any node (at least 1, so that an empty tree still has a column of them)."""
+        return max(1, *map(len, self.children))
+
+    def child_table(self, nodes: list[int]) -> list[list[int]]:
+        """Each of ``nodes``' children in draw order, padded to :attr:`width` with ``size + 1`` (no node)."""
+        return [self.children[n] + [self.size + 1] * (self.width - len(self.children[n])) for n in nodes]
+
+    def tensors(self, device: torch.device, dtype: torch.dtype = torch.float64) -> dict:
+        """The indices the decoding loop and the acceptance walk need, built once per device: a slice where the
+        indices are a run (every chain index, many of a tree's), which costs no index kernel and no copy, else
+        a tensor; the walk's 0/1 matrices in ``dtype`` (the acceptance arithmetic's)."""
+        key = (str(device), dtype)
         if key not in self._tensors:
-            levels = [{k: run_or_tensor(v, device) if isinstance(v, list) else v for k, v in lvl.items()}
-                      for lvl in self.level_draws]
-            self._tensors[key] = {"depths": index_tensor(self.depths, device),
-                                  "inner": run_or_tensor(self.inner_nodes, device),
-                                  "mask": to_device(self.ancestor_mask, device), "levels": levels}
+            self._tensors[key] = {**self.loop_indices(device), **self.walk_matrices(device, dtype)}
         return self._tensors[key]
+
+    def loop_indices(self, device: torch.device) -> dict:
+        levels = [{k: run_or_tensor(v, device) if isinstance(v, list) else v for k, v in lvl.items()}
+                  for lvl in self.level_draws]
+        inner, nodes = self.inner_nodes, list(range(self.size + 1))
+        table = self.child_table(inner)
+        return {"depths": index_tensor(self.depths, device), "inner": run_or_tensor(inner, device),
+                "mask": to_device(self.ancestor_mask, device), "levels": levels, "depth": self.depth,
+                "inner_row": index_tensor([inner.index(n) if n in inner else 0 for n in nodes], device),
+                "rank_children": [index_tensor([row[rank] for row in table], device) for rank in range(self.width)]
+                if inner else [], "inner_index": index_tensor(inner, device),
+                "absent_children": any(self.size + 1 in row for row in table),
+                "child_depth": index_tensor([self.depths[n] + 1 for n in inner], device)[:, None],
+                "parent_or_root": index_tensor([max(0, p) for p in self.parent], device),
+                "is_child": to_device(torch.tensor(nodes) > 0, device), "one": index_tensor([1], device)[0]}
+
+    def walk_matrices(self, device: torch.device, dtype: torch.dtype) -> dict:
+        """The tree as 0/1 matrices over nodes, so the walk finds its path with products: earlier siblings
+        ``[s, c]`` and path edges ``[j, v]`` (``j`` a non-root node on the root-to-``v`` path), both with a row
+        for the sink; children ``[c, n]`` (``n`` is ``c``'s parent), node ids, and each node's depth one-hot."""
+        n = self.size + 1
+        earlier, children = torch.zeros(n, n, dtype=dtype), torch.zeros(n, n, dtype=dtype)
+        for node in range(1, n):
+            siblings = self.children[self.parent[node]]
+            earlier[siblings[:siblings.index(node)], node] = 1
+            children[node, self.parent[node]] = 1
+        edges = self.ancestor_mask.T.to(dtype)
+        edges[0] = 0
+        # the walk's flags carry a sink column N (absent children): never an earlier sibling, never on a path
+        earlier, edges = F.pad(earlier, (0, 1, 0, 1)), F.pad(edges, (0, 0, 0, 1))
+        by_depth = torch.zeros(n, self.depth + 1, dtype=dtype)
+        by_depth[torch.arange(n), torch.tensor(self.depths)] = 1
+        return {name: to_device(value, device) for name, value in (
+            ("earlier_siblings", earlier), ("path_edges", edges), ("child_of", children),
+            ("node_ids", torch.arange(n, dtype=dtype)), ("by_depth", by_depth))}
 
     def truncated(self, max_depth: int) -> "DraftTree":
         """The same tree cut at ``max_depth`` (used near the end of the image)."""

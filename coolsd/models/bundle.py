@@ -15,6 +15,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from threadpoolctl import threadpool_limits
 from torch import Tensor, nn
 
+from ..core.graphs import EAGER, PhaseRunner
 from ..core.interface import ImageDecoder
 from ..core.params import number
 from ..core.rules import nearest_codes
@@ -140,6 +141,11 @@ class Bundle:
             if hasattr(extra, "to"):
                 extra.to(device)
         return self
+
+    @property
+    def runner(self) -> PhaseRunner:
+        """How the decoding round's phases run for these steps (CUDA graphs, or eagerly)."""
+        return getattr(self.target, "runner", EAGER)
 
     def with_steps(self, mode: str) -> "Bundle":
         """The same models run as ``mode`` says (static caches, CUDA graphs, compiled); the weights are shared."""

@@ -52,4 +52,4 @@ class Drafter(nn.Module):
                 offset: int = 0, mask: Tensor | None = None) -> Tensor:
         x = self.fc(torch.cat([inputs, features], dim=-1))
         mask = attention_mask(cache, mask, x.shape[1], offset=offset)
-        return self.layer(x, self.rope(positions), cache, 0, offset, mask)
+        return self.layer(x, self.rope(positions, inner_dims=2), cache, 0, offset, mask)

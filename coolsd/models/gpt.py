@@ -47,9 +47,10 @@ class Caption:
 
 
 def rope_table(cfg: ModelConfig, zero_rows: int | None = None) -> Tensor:
-    """2-D RoPE rotations (complex, unit or zero) per sequence position: ``zero_rows`` (default ``P``) rows
-    of zeros for the prefix, then one row per grid cell. As in LlamaGen, half of each head's rotation pairs
-    follow the grid row, half the column; a zero row zeroes queries and keys (spec section 7)."""
+    """2-D RoPE rotations per sequence position as LlamaGen's ``freqs_cis`` holds them, (cos, sin) pairs in
+    float32 (P + image_tokens, D/2, 2): ``zero_rows`` (default ``P``) rows of zeros for the prefix, then one row
+    per grid cell. As in LlamaGen, half of each head's rotation pairs follow the grid row, half the column; a
+    zero row zeroes queries and keys (spec section 7)."""
     zero_rows = cfg.prefix_length if zero_rows is None else zero_rows
     quarter = cfg.head_dim // 4
     inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, 2 * quarter, 2).float() / (2 * quarter)))
@@ -57,28 +58,41 @@ def rope_table(cfg: ModelConfig, zero_rows: int | None = None) -> Tensor:
     cols = torch.outer(torch.arange(cfg.grid_width).float(), inv_freq)  # (W, quarter)
     angles = torch.cat([rows[:, None, :].expand(-1, cfg.grid_width, -1),
                         cols[None, :, :].expand(cfg.grid_height, -1, -1)], dim=-1)
-    table = torch.polar(torch.ones(cfg.image_tokens, 2 * quarter), angles.reshape(cfg.image_tokens, 2 * quarter))
-    return torch.cat([torch.zeros(zero_rows, 2 * quarter, dtype=table.dtype), table])  # (P + image_tokens, D/2)
+    turns = torch.polar(torch.ones(cfg.image_tokens, 2 * quarter), angles.reshape(cfg.image_tokens, 2 * quarter))
+    table = torch.stack([turns.real, turns.imag], dim=-1)
+    return torch.cat([torch.zeros(zero_rows, 2 * quarter, 2), table])
 
 
 class RotaryTable:
-    """The RoPE table kept in complex64 on whichever device asks for it; deliberately not a buffer, so that
-    casting a model to bf16 leaves the rotations exact (as LlamaGen keeps ``freqs_cis`` out of its state)."""
+    """The RoPE table, kept in float32 on whichever device asks for it; deliberately not a buffer, so that
+    casting a model to bf16 leaves the rotations exact (as LlamaGen keeps ``freqs_cis`` out of its state). A
+    call gives, for the positions, what :func:`apply_rope` multiplies by."""
 
     def __init__(self, cfg: ModelConfig, zero_rows: int | None = None) -> None:
         self.table = rope_table(cfg, zero_rows)
+        self.expanded: tuple[Tensor, Tensor, Tensor] | None = None
 
-    def __call__(self, positions: Tensor) -> Tensor:
-        if self.table.device != positions.device:
-            self.table = self.table.to(positions.device)
-        return self.table[positions]
+    def __call__(self, positions: Tensor, inner_dims: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+        """(cos, sin, swap): per dimension, its pair's cosine, and its pair's sine with the sign its element
+        takes (``-sin`` first, ``sin`` second), shaped (T, 1 x inner_dims, D) to broadcast over ``x``
+        (B, T, <inner_dims>, D); ``swap`` (D,) exchanges the two elements of every pair."""
+        if self.expanded is None or self.expanded[0].device != positions.device:
+            cos, sin = self.table[..., 0], self.table[..., 1]
+            swap = torch.arange(cos.shape[-1] * 2).view(-1, 2).flip(-1).flatten()
+            self.expanded = (cos.repeat_interleave(2, -1).to(positions.device),
+                             torch.stack([-sin, sin], dim=-1).flatten(-2).to(positions.device), swap.to(positions.device))
+        shape = (len(positions), *([1] * inner_dims), -1)
+        cos, sin, swap = self.expanded
+        return cos[positions].view(shape), sin[positions].view(shape), swap
 
 
-def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate adjacent pairs of ``x`` (B, T, ..., D) by the complex ``table`` (T, D/2)."""
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    table = table.view(1, table.shape[0], *([1] * (x.dim() - 3)), table.shape[1])
-    return torch.view_as_real(pairs * table).flatten(-2).type_as(x)
+def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    """Rotate adjacent pairs of ``x`` (B, T, ..., D) in real arithmetic, as LlamaGen's ``apply_rotary_emb``:
+    ``(x0 cos - x1 sin, x1 cos + x0 sin)`` per pair, in float32, cast back."""
+    cos, sin, swap = rope
+    x32 = x if x.dtype == torch.float32 else x.float()
+    out = x32 * cos + x32[..., swap] * sin
+    return out if out.dtype == x.dtype else out.type_as(x)
 
 
 class KVCache:
@@ -124,16 +138,26 @@ class KVCache:
         mask = torch.cat([committed, pending_mask], dim=1)
         return mask if self.valid is None else hide_invalid_keys(mask, self.valid, length)
 
-    def commit(self, keep: list[int]) -> None:
-        """Append the pending entries ``keep`` (indices into the pending area, in order); drop the rest."""
-        n = len(keep)
-        if keep != list(range(n)):
-            index = index_tensor(keep, self.keys.device) + self.length
+    def commit(self, keep: "list[int] | Tensor | None", count: "Tensor | int | None" = None) -> None:
+        """Append pending entries and drop the rest: the first ``count`` of ``keep`` (indices into the pending
+        area, in order; a list keeps all of it), or with ``keep`` None the first ``count`` pending entries as
+        they are (a chain keeps a prefix, already in place). A tensor ``count`` is read here: this cache slices
+        by its host-side length (the static cache of :mod:`coolsd.models.steps` commits on the device)."""
+        n = len(keep) if isinstance(keep, list) else int(count)
+        if isinstance(keep, list) and keep == list(range(n)):
+            keep = None  # a prefix of the pending area: already in place
+        if keep is not None:
+            index = (index_tensor(keep, self.keys.device) if isinstance(keep, list) else keep[:n]) + self.length
             self.keys[:, :, :, self.length:self.length + n] = self.keys.index_select(3, index)
             self.values[:, :, :, self.length:self.length + n] = self.values.index_select(3, index)
             if self.valid is not None:
                 self.valid[:, self.length:self.length + n] = self.valid.index_select(1, index)
         self.length += n
+
+    def reset(self) -> "KVCache":
+        """Empty again (the buffers are kept)."""
+        self.length, self.valid = 0, None
+        return self
 
 
 class RMSNorm(nn.Module):
@@ -168,7 +192,7 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
 
-    def forward(self, x: Tensor, rope: Tensor, cache: KVCache | None, layer: int, offset: int,
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor, Tensor], cache: KVCache | None, layer: int, offset: int,
                 mask: Tensor | None) -> Tensor:
         rows, length, _ = x.shape
         qkv = self.wqkv(x).view(rows, length, 3, self.n_head, self.head_dim)
@@ -188,7 +212,7 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: Tensor, rope: Tensor, cache: KVCache | None, layer: int, offset: int,
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor, Tensor], cache: KVCache | None, layer: int, offset: int,
                 mask: Tensor | None) -> Tensor:
         h = x + self.attention(self.attention_norm(x), rope, cache, layer, offset, mask)
         return h + self.feed_forward(self.ffn_norm(h))
@@ -323,7 +347,7 @@ class Transformer(nn.Module):
         """
         if cache is not None and valid is not None:
             cache.mark_valid(valid, offset)
-        rope = self.rope(positions)
+        rope = self.rope(positions, inner_dims=2)  # queries and keys together: (rows, T, 2, H, D)
         full_mask = additive(attention_mask(cache, mask, x.shape[1], valid, offset), x.dtype)
         for layer, block in enumerate(self.layers):
             x = block(x, rope, cache, layer, offset, full_mask)

@@ -117,7 +117,7 @@ class LanternAttention(nn.Module):
         self.v_proj = nn.Linear(dim, dim, bias=bias)
         self.o_proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: Tensor, rope: Tensor, cache: KVCache | None, layer: int, offset: int,
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor, Tensor], cache: KVCache | None, layer: int, offset: int,
                 mask: Tensor | None) -> Tensor:
         rows, length, _ = x.shape
         shape = (rows, length, self.n_head, self.head_dim)
@@ -153,7 +153,7 @@ class LanternLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.index = index
 
-    def forward(self, x: Tensor, rope: Tensor, cache: KVCache | None, offset: int, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor, Tensor], cache: KVCache | None, offset: int, mask: Tensor | None) -> Tensor:
         attn_in = self.input_layernorm(x) if self.index else x
         h = x + self.self_attn(attn_in, rope, cache, self.index, offset, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -162,10 +162,10 @@ class LanternLayer(nn.Module):
 def lantern_rope(target: ModelConfig) -> RotaryTable:
     """LANTERN's drafter RoPE table: ``P - 1`` zero rows (119 for LlamaGen's text model, 0 for a class model),
     the target's grid at base 10000, then 20 zero rows; always built on the CPU (also under a meta-device
-    context), in complex64, moved to the positions' device on first use."""
+    context), in float32, moved to the positions' device on first use."""
     with torch.device("cpu"):
         rope = RotaryTable(replace(target, rope_base=ROPE_BASE), target.prefix_length - 1)
-        rope.table = torch.cat([rope.table, torch.zeros(TAIL_ZERO_ROWS, rope.table.shape[1], dtype=rope.table.dtype)])
+        rope.table = torch.cat([rope.table, torch.zeros(TAIL_ZERO_ROWS, *rope.table.shape[1:])])
     return rope
 
 

@@ -2,19 +2,21 @@
 
 On a GPU a batch-1 step of a large target is bound by kernel launches and weight reads, so a round only pays
 if its steps are cheap to launch. :class:`StaticKVCache` attends over its whole buffer with a mask built on the
-device, so every call of one shape runs the same kernels on the same buffers, with nothing read back to the
-host. :class:`Steps` wraps a target or a drafter, keeps its caches between images, and captures each new call
-shape once as a CUDA graph (optionally of a ``torch.compile``-d forward), then replays it. The decoding loop
-does not change: it sees a Target or Drafter (:mod:`coolsd.core.interface`).
+device and commits on the device, so every round runs the same kernels on the same buffers, with nothing read
+back to the host. :class:`Steps` wraps a target or a drafter, keeps its caches between images, optionally
+compiles its forward, and carries the runner that captures the round's phases as CUDA graphs
+(:class:`coolsd.core.graphs.CudaGraphPhases`). The decoding loop does not change: it sees a Target or Drafter
+(:mod:`coolsd.core.interface`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..core.graphs import EAGER, CudaGraphPhases, PhaseRunner
 from .gpt import KVCache
 
 MODES = ("eager", "static", "graphs", "compiled")
@@ -43,14 +45,23 @@ class StaticKVCache(KVCache):
         self.valid.fill_(True)
         return self
 
-    def check_room(self, offset: int, count: int) -> None:
-        """On the host, before a replay: a graph cannot raise, and a slot past the buffer would be a device fault."""
-        if self.length + offset + count > self.keys.shape[3]:
-            raise ValueError(f"KV cache overflow: need {self.length + offset + count} slots, have {self.keys.shape[3]}")
-
-    def commit(self, keep: list[int]) -> None:
-        super().commit(keep)
-        self.start.fill_(self.length)
+    def commit(self, keep: "list[int] | Tensor | None", count: "Tensor | int | None" = None) -> None:
+        """As :meth:`KVCache.commit`, with a tensor ``keep`` (padded: only the first ``count`` rows matter, the
+        rest land past the new length) and ``count`` on the device: the kept rows are gathered into place and
+        ``start`` advances, with nothing read to the host. ``length`` then no longer follows on the host."""
+        if isinstance(keep, list):
+            super().commit(keep)
+            self.start.fill_(self.length)
+            return
+        if keep is not None:
+            slots = self.start + self.key_index[:keep.shape[0]]
+            index = self.start + keep
+            self.keys.index_copy_(3, slots, self.keys.index_select(3, index))
+            self.values.index_copy_(3, slots, self.values.index_select(3, index))
+            self.valid.index_copy_(1, slots, self.valid.index_select(1, index))
+        self.start.add_(count)
+        if not isinstance(count, Tensor):
+            self.length += count
 
     def slots(self, offset: int, count: int) -> Tensor:
         return self.start + offset + self.key_index[:count]
@@ -79,44 +90,19 @@ class StaticKVCache(KVCache):
         return mask | (self.key_index[None, :] == own[:, None])
 
 
-class CapturedStep:
-    """One call shape of a step, captured as a CUDA graph: inputs are copied into fixed buffers, the graph is
-    replayed, and the output copied out (the next replay overwrites the buffer)."""
-
-    def __init__(self, forward: Callable[..., Tensor], args: tuple) -> None:
-        self.inputs = tuple(a.clone() if isinstance(a, Tensor) else a for a in args)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the graph (allocations, lazy tables, compilation)
-            for _ in range(2):
-                forward(*self.inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.output = forward(*self.inputs)
-
-    def __call__(self, args: tuple) -> Tensor:
-        for buffer, value in zip(self.inputs, args):
-            if isinstance(buffer, Tensor):
-                buffer.copy_(value)
-        self.graph.replay()
-        return self.output.clone()
-
-
 class Steps:
-    """A target or drafter run with static caches, kept between images, and (``capture``) each call shape
-    replayed from a CUDA graph. Everything else is the wrapped model's (attribute access falls through)."""
+    """A target or drafter run with static caches, kept between images (a captured graph holds their buffers),
+    and optionally a ``torch.compile``-d forward. Everything else is the wrapped model's (attribute access falls
+    through). ``runner`` runs the decoding round's phases (CUDA graphs, for the graphs and compiled modes)."""
 
-    def __init__(self, model: nn.Module, capture: bool, compile_forward: bool = False) -> None:
-        self.model = model
-        self.capture = capture
+    def __init__(self, model: nn.Module, compile_forward: bool = False, runner: PhaseRunner = EAGER) -> None:
+        self.model, self.runner = model, runner
         if compile_forward:  # one compilation per call shape: allow more than dynamo's default of 8
             config = torch._dynamo.config
             limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
             setattr(config, limit, max(getattr(config, limit), 64))
         self.forward = torch.compile(model, dynamic=False, fullgraph=True) if compile_forward else model
         self.caches: dict[tuple[int, int], StaticKVCache] = {}
-        self.captured: dict[tuple, CapturedStep] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["model"], name)
@@ -132,22 +118,12 @@ class Steps:
 
     def __call__(self, *args) -> Tensor:
         """The model's forward with the positional arguments of its interface (the cache among them)."""
-        where = next((i for i, a in enumerate(args) if isinstance(a, StaticKVCache)), None)
-        if where is None:
-            return self.forward(*args)
-        offset = args[where + 1] if len(args) > where + 1 else 0
-        args[where].check_room(offset, args[0].shape[1])
-        if not self.capture:
-            return self.forward(*args)
-        key = tuple((tuple(a.shape), a.dtype) if isinstance(a, Tensor) else
-                    id(a) if isinstance(a, KVCache) else a for a in args)
-        if key not in self.captured:
-            self.captured[key] = CapturedStep(self.forward, args)
-        return self.captured[key](args)
+        return self.forward(*args)
 
 
 def with_steps(target: nn.Module, drafter: nn.Module | None, mode: str) -> tuple[Any, Any]:
-    """Target and drafter run as ``mode`` (one of MODES) asks; ``eager`` returns them unchanged."""
+    """Target and drafter run as ``mode`` (one of MODES) asks; ``eager`` returns them unchanged. Both share one
+    phase runner (on CUDA with graphs: :class:`coolsd.core.graphs.CudaGraphPhases`)."""
     if mode not in MODES:
         raise ValueError(f"steps must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "eager":
@@ -156,8 +132,8 @@ def with_steps(target: nn.Module, drafter: nn.Module | None, mode: str) -> tuple
     if mode == "graphs" and not cuda:
         raise ValueError(f"steps 'graphs' capture CUDA graphs and need a CUDA device; on {target.device} use "
                          "'eager', 'static' or 'compiled'")
-    capture = cuda and mode in ("graphs", "compiled")
-    wrap = lambda model: Steps(model, capture, compile_forward=mode == "compiled")  # noqa: E731
+    runner = CudaGraphPhases() if cuda and mode in ("graphs", "compiled") else EAGER
+    wrap = lambda model: Steps(model, compile_forward=mode == "compiled", runner=runner)  # noqa: E731
     return wrap(target), (wrap(drafter) if drafter is not None else None)
 
 

@@ -1,0 +1,160 @@
+"""How a round's phases run: eagerly, or captured once as CUDA graphs and replayed.
+
+A phase (``coolsd.core.decode.draft_phase``, ``verify_phase``) reads and writes only the fixed buffers of its
+workspace and never reads a value back to the host, so the same kernels run every round on the same memory:
+exactly what a CUDA graph replays. :class:`CheckedPhases` proves that on a CPU (it runs each phase under a
+recorder and refuses a host read or an operation sequence that changes between rounds).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Protocol
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+Phase = Callable[[Any], None]
+
+
+class PhaseRunner(Protocol):
+    """Runs a workspace's phases. ``workspace(key, build)`` gives the buffers of one kind of generation (kept,
+    for a runner whose captured phases hold their memory); ``generation()`` is held for a whole image."""
+
+    def workspace(self, key: tuple, build: Callable[[], Any]) -> Any: ...
+
+    def generation(self): ...
+
+    def run(self, workspace: Any, name: str, phase: Phase) -> None: ...
+
+
+class EagerPhases:
+    """Each phase as plain Python, a new workspace per image (so concurrent generations share nothing)."""
+
+    def workspace(self, key: tuple, build: Callable[[], Any]) -> Any:
+        return build()
+
+    def generation(self):
+        return nullcontext()
+
+    def run(self, workspace: Any, name: str, phase: Phase) -> None:
+        phase(workspace)
+
+
+EAGER = EagerPhases()
+
+
+class NullTimer:
+    """Times nothing: a phase's own timers while it is being warmed up or captured."""
+
+    seconds: dict = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        yield
+
+
+class KeptPhases:
+    """What a capturing runner shares: its workspaces, kept by key (the most recent ``KEPT``; a workspace's
+    captured phases live on it and go with it), and one generation at a time (they share their models' static
+    caches)."""
+
+    KEPT = 8
+
+    def __init__(self) -> None:
+        self.workspaces: OrderedDict[tuple, Any] = OrderedDict()
+        self.lock = threading.RLock()
+
+    def workspace(self, key: tuple, build: Callable[[], Any]) -> Any:
+        if key in self.workspaces:
+            self.workspaces.move_to_end(key)
+        else:
+            self.workspaces[key] = build()
+            self.workspaces[key].captured_phases = {}
+            while len(self.workspaces) > self.KEPT:
+                self.workspaces.popitem(last=False)
+        return self.workspaces[key]
+
+    def generation(self):
+        return self.lock
+
+
+class CudaGraphPhases(KeptPhases):
+    """Each phase of a workspace captured as a CUDA graph on its first call and replayed after: a speculative
+    round is two replays (drafting, verification), an AR step one. The first call is the round itself, run on a
+    side stream (allocations, cuBLAS workspaces, compilation), then the phase is captured without running.
+    Replays are timed as a whole: ``drafting``, and ``target_forward`` for the verification with its walk."""
+
+    TIMED = {"drafting": "drafting", "verification": "target_forward"}
+
+    def run(self, workspace: Any, name: str, phase: Phase) -> None:
+        graphs = workspace.captured_phases
+        if name in graphs:
+            with workspace.timer.phase(self.TIMED.get(name, name)):
+                graphs[name].replay()
+            return
+        timer, workspace.timer = workspace.timer, NullTimer()
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                phase(workspace)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            graph.register_generator_state(workspace.generator)
+            with torch.cuda.graph(graph):
+                phase(workspace)
+        finally:
+            workspace.timer = timer
+        graphs[name] = graph
+
+
+class HostReadError(RuntimeError):
+    """A phase read a device value into Python: a CUDA graph could not hold it."""
+
+
+class OperationLog(TorchFunctionMode):
+    """Records every torch operation (name and argument shapes) and refuses any that reads a tensor's value
+    into Python (on a GPU: a device-to-host copy, which a graph cannot contain)."""
+
+    READS = {"cpu", "tolist", "item", "__bool__", "__int__", "__float__", "__index__", "__array__", "numpy"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operations: list[tuple] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name in self.READS:
+            raise HostReadError(f"a phase read a device value into Python ({name})")
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        self.operations.append((name, shapes))
+        return func(*args, **(kwargs or {}))
+
+
+class CheckedPhases(KeptPhases):
+    """A CPU stand-in for :class:`CudaGraphPhases`: workspaces are kept as the graph runner keeps them, and each
+    phase runs eagerly under an :class:`OperationLog`. As there, the first call of a phase is a warm-up (lazy
+    tables are made then) and the second is the one captured: it fixes the phase's operations, and a later call
+    that issues a different sequence (another shape, a branch on a value) raises, as replaying it would go wrong
+    on a GPU; a host read raises in any call. ``calls`` counts phase runs (the replays a GPU would do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def run(self, workspace: Any, name: str, phase: Phase) -> None:
+        with OperationLog() as log:
+            phase(workspace)
+        self.calls += 1
+        seen = workspace.captured_phases
+        if name not in seen:
+            seen[name] = None  # warmed up
+            return
+        first = seen[name] = seen[name] or log.operations
+        if log.operations != first:
+            at = next(i for i, (a, b) in enumerate(zip(log.operations + [None], first + [None])) if a != b)
+            raise RuntimeError(f"phase {name!r} changed between rounds at operation {at}: "
+                               f"{first[at:at + 1]} then {log.operations[at:at + 1]}")
