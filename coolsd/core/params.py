@@ -50,12 +50,18 @@ def number(name: str, value: Any, low: float | None = None, high: float | None =
     return number_value
 
 
+def bound_text(bound: float) -> str:
+    """A range end as written: ``0.05``, ``5``, and a whole number in full (``2147483647``, not ``2.14748e+09``)."""
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e16 else f"{bound:g}"
+
+
 def describe_range(low: float | None, high: float | None, above: float | None = None) -> str:
     """``between 0.05 and 5``, ``> 0``, ``>= 1``, or ``any finite number``."""
     if low is not None and high is not None:
-        return f"between {low:g} and {high:g}"
-    parts = ([f"> {above:g}"] if above is not None else []) + ([f">= {low:g}"] if low is not None else []) + \
-        ([f"<= {high:g}"] if high is not None else [])
+        return f"between {bound_text(low)} and {bound_text(high)}"
+    parts = ([f"> {bound_text(above)}"] if above is not None else []) + \
+        ([f">= {bound_text(low)}"] if low is not None else []) + \
+        ([f"<= {bound_text(high)}"] if high is not None else [])
     return " and ".join(parts) or "any finite number"
 
 
