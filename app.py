@@ -29,17 +29,28 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
 
 limit_malloc_arenas()  # before any worker thread exists
 say("importing gradio and torch")
+import dataclasses  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
-import random  # noqa: E402
+import re  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any, TypedDict  # noqa: E402
 
 import gradio as gr  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 
-from coolsd.app import models, session, views  # noqa: E402
-from coolsd.app.controls import OMEGA_LINE, control_defaults, drafting_labels, method_boxes, slider_start, word_label  # noqa: E402
-from coolsd.core.params import PARAMS, Choice, Param, check, clip  # noqa: E402
+from coolsd.app import models, session, tour, views  # noqa: E402
+from coolsd.app.controls import (  # noqa: E402
+    OMEGA_LINE,
+    control_defaults,
+    corrected,
+    drafting_labels,
+    method_boxes,
+    slider_start,
+    word_label,
+)
+from coolsd.core.params import PARAMS, Choice, Param, check, clip, shorten  # noqa: E402
 from coolsd.core.rules import schema  # noqa: E402
 from coolsd.models.bundle import Bundle, load_bundle, random_bundle, set_threads  # noqa: E402
 from coolsd.models.registry import EXAMPLE_PROMPTS  # noqa: E402
@@ -74,10 +85,13 @@ DEFAULT_METHOD = "COOL-SD"
 QUALITY_AXES = [("judge-FID (lower is better)", "fid"), ("class consistency", "judge_accuracy"),
                 ("log-likelihood per token (the target's own score)", "log_likelihood_per_token")]
 PRIVATE = {"api_visibility": "private"}  # UI callbacks: not part of the API (only /generate is)
-PRESETS = {  # button -> the control values it sets
-    "Paper: COOL-SD δ=1.1": {"method": "COOL-SD", "delta": 1.1, "nu": 0.7, "mu_auto": True},
-    "Paper: COOL-SD δ=2": {"method": "COOL-SD", "delta": 2.0, "nu": 0.7, "mu_auto": True},
+PAPER = {"method": "COOL-SD", "nu": 0.7, "mu_auto": True, "schedule": "exp"}  # the paper's COOL-SD; any draft
+PRESETS = {  # button -> the control values it sets: every one the setting depends on (the draft stays the user's)
+    "Paper: COOL-SD δ=1.1": {**PAPER, "delta": 1.1},
+    "Paper: COOL-SD δ=2": {**PAPER, "delta": 2.0},
 }
+LATEST = session.Latest()  # each browser session's newest generation: older ones' timing and figures are dropped
+TOUR_FACTS = tour.study_facts(tour.read_study())  # the numbers the guided tour cites, read from the study now
 
 
 def model_defaults(bundle: Bundle) -> dict[str, Any]:
@@ -129,12 +143,21 @@ The trade-off figure shows the shipped benchmark; FID differences of about ±1 a
 """
 
 
+def unchecked(component: gr.components.Component) -> gr.components.Component:
+    """``component`` (a slider or number box) passing a typed value on as it is, for our schema to check
+    (``Param.check``: one message that names the parameter): Gradio's own check raises an unnamed range error
+    once per event that reads the control. (A subclass would do the same, but Gradio writes a ``.pyi`` file
+    next to the module of every component subclass.)"""
+    component.preprocess = lambda payload: payload
+    return component
+
+
 def slider(param: Param, **kwargs) -> gr.Slider:
     """A slider whose range, step, default and label come from the parameter's one definition (the rule
     registry or ``coolsd.core.params``), which the API and the command line check too."""
     maximum = kwargs.pop("maximum", param.high)
-    return gr.Slider(param.low, maximum, **{"value": slider_start(param, maximum), "step": param.step,
-                                            "label": param.label, **kwargs})
+    return unchecked(gr.Slider(param.low, maximum, **{"value": slider_start(param, maximum), "step": param.step,
+                                                      "label": param.label, **kwargs}))
 
 
 def checked(compute):
@@ -153,14 +176,14 @@ def checked(compute):
                        print_exception=False) from None
 
 
-def parse(values, progress=None) -> tuple[Bundle, session.Request]:
-    """Validate the control values (``session.value_names`` order) into the chosen model (loaded on first use)
-    and a ``session.Request`` (a readable error otherwise)."""
+def parse(values, progress=None, load: bool = True) -> tuple[Bundle, session.Request]:
+    """Validate the control values (``session.value_names`` order) into the chosen model (loaded on first use,
+    unless ``load`` is False) and a ``session.Request`` (a readable error otherwise)."""
     names = session.value_names()
     if len(values) != len(names):  # parse_controls says what is wrong
         return BUNDLE, checked(lambda: session.parse_controls(BUNDLE, values))
     named = dict(zip(names, values))
-    bundle = checked(lambda: MODELS.get(named["model"], progress))
+    bundle = checked(lambda: MODELS.get(named["model"], progress, load=load))
     named["model"] = MODELS.key(named["model"])
     return bundle, checked(lambda: session.parse_controls(bundle, list(named.values())))
 
@@ -170,41 +193,54 @@ def bundle_of(request: session.Request) -> Bundle:
     return MODELS.get(request.model)
 
 
-def condition_text(bundle: Bundle, request: session.Request) -> str:
-    """What the image was conditioned on, for the caption."""
-    if request.class_id is None:
-        return f"prompt *“{request.prompt}”*"
-    return f"class *{bundle.class_names[request.class_id]}*"
+def session_of(request: gr.Request | None) -> str | None:
+    """The browser session an event came from (None for a direct call, which is never stale)."""
+    return getattr(request, "session_hash", None)
 
 
-def with_progress(callback: Callable) -> Callable:
-    """``callback(*values, progress=...)`` as Gradio must see it to pass a progress tracker: a positional
-    parameter defaulting to ``gr.Progress()`` (Gradio stops looking at ``*values``); same name, for its API."""
-    def run(progress=gr.Progress(), *values):
-        return callback(*values, progress=progress)
+def with_progress(callback: Callable, session: bool = False) -> Callable:
+    """``callback(*values, progress=...)`` (and ``session=`` the browser session, if asked) as Gradio must see
+    it to pass them: positional parameters annotated ``gr.Request`` and defaulting to ``gr.Progress()`` (Gradio
+    stops looking at ``*values``); same name, for its API."""
+    def run(request: gr.Request, progress=gr.Progress(), *values):
+        extra = {"session": session_of(request)} if session else {}
+        return callback(*values, progress=progress, **extra)
     run.__name__ = callback.__name__
     return run
 
 
-def on_generate(*values, progress=None):
-    """The Generate button: validate, run, and show both images (figures and timings follow)."""
+def on_check(*values) -> None:
+    """Generate's first step: validate the setting, loading no model. It has no outputs, so a refused setting is
+    one toast and the last result stays on the page, whole."""
+    parse(values, load=False)
+
+
+def on_generate(*values, progress=None, session: str | None = None):
+    """The Generate button: validate, run, and show both images (figures and timings follow). The result is the
+    session's newest from now on (:data:`LATEST`)."""
     bundle, request = parse(values, progress)
     started = time.perf_counter()
     result = checked(lambda: run_comparison(request, progress))
+    result.serial = LATEST.claim(session)
     condition = f"class={request.class_id}" if request.class_id is not None else f"prompt={clip(request.prompt, 60)!r}"
     log.info("generate %s model=%s %s seed=%d: %.2fs", request.label, request.model, condition, request.seed,
              time.perf_counter() - started)
     rounds = len(result.method.stats.rounds)
-    return (gr.update(value=views.enlarge(result.images["method"]), label=request.label),
-            views.enlarge(result.images["eagle"]), views.timing_table(result),
-            (f"**{request.label}** (left) and **Eagle-1, lossless** (right): {condition_text(bundle, request)}, "
-             f"seed {request.seed}."),
-            gr.update(maximum=max(1, rounds - 1), value=0), result)
+    method_label, eagle_label = views.image_labels(request)
+    return (gr.update(value=views.enlarge(result.images["method"]), label=method_label),
+            gr.update(value=views.enlarge(result.images["eagle"]), label=eagle_label), views.timing_table(result),
+            views.caption(bundle, request), gr.update(maximum=max(1, rounds - 1), value=0), result)
 
 
-def on_figures(result, metric):
-    """Every figure of the last generation (drawn after the images are on screen)."""
-    if result is None:
+def stale(result, request: gr.Request | None) -> bool:
+    """Whether a newer generation of the same browser session has replaced ``result`` (or there is none)."""
+    return result is None or not LATEST.current(session_of(request), result.serial)
+
+
+def on_figures(result, metric, request: gr.Request | None = None):
+    """Every figure of the last generation (drawn after the images are on screen), unless a newer one of the
+    session has replaced it meanwhile."""
+    if stale(result, request):
         return [gr.skip()] * 8
     bundle = bundle_of(result.request)
     figs = views.figures(bundle, result)
@@ -214,21 +250,31 @@ def on_figures(result, metric):
             views.tradeoff_figure(bundle, result, metric))
 
 
-def on_timing(result):
+def on_timing(result, request: gr.Request | None = None):
     """Latencies of AR, Eagle-1 and the chosen method, measured now in interleaved repeats (after the images
-    and figures, so that nobody waits for them to see a picture)."""
-    if result is None:
+    and figures, so that nobody waits for them to see a picture). They belong to ``result``'s request: when a
+    newer generation of the session replaces it, before or during the measurement, the measurement stops and
+    nothing is shown; the ``result`` state keeps the newer one."""
+    if stale(result, request) or result.timing is not None:
         return gr.skip(), gr.skip()
-    result.timing = checked(lambda: measure(result.request))
-    return views.timing_table(result), result
+    started = time.perf_counter()
+    stop = None if spaces is not None else (lambda: stale(result, request))  # ZeroGPU: arguments are pickled
+    timing = checked(lambda: measure(result.request, stop=stop))
+    dropped = timing is None or stale(result, request)
+    log.info("timing %s seed=%d: %.2fs%s", result.request.label, result.request.seed, time.perf_counter() - started,
+             " (dropped: a newer generation replaced it)" if dropped else "")
+    if dropped:
+        return gr.skip(), gr.skip()
+    timed = dataclasses.replace(result, timing=timing)
+    return views.timing_table(timed), timed
 
 
 def run_comparison(request, progress):
     return session.compare(bundle_of(request), request, progress)
 
 
-def measure(request, repeats: int = session.TIMING_REPEATS):
-    return session.measure_speed(bundle_of(request), request, repeats)
+def measure(request, repeats: int = session.TIMING_REPEATS, stop: Callable[[], bool] | None = None):
+    return session.measure_speed(bundle_of(request), request, repeats, stop)
 
 
 if spaces is not None:
@@ -238,18 +284,17 @@ if spaces is not None:
 
 def theory_outputs(result, request, source, toy_seed):
     """Figure and table of the theory panel, or (an empty figure, why) where it does not apply. Errors are
-    shown in the panel: it follows every slider move, and a toast per move would bury the user."""
+    shown in the panel: it follows every slider move, and a toast per move would bury the user. Captured pairs
+    are evaluated with the rule of the model that made them."""
     if request.method == "ar":
         return None, "AR drafts nothing: choose a speculative method to see its theory."
-    if result is None and source != "toy distributions":
-        return None, "Generate an image first, or choose *toy distributions*."
+    capture = MODELS.peek(result.request.model) if result is not None else None
     try:
-        figure, table, note = views.theory_panel(
-            bundle_of(request), result, request, "toy" if source == "toy distributions" else "captured",
-            PARAMS["seed"].check(toy_seed))
+        figure, table, notes = views.theory_panel(
+            result, request, "toy" if source == "toy distributions" else "captured", toy_seed, capture)
     except ValueError as error:
-        return None, f"⚠️ {error}"
-    return figure, views.theory_markdown(table, note)
+        return None, f"⚠️ {views.plain(str(error), 600)}"
+    return figure, views.theory_markdown(table, notes, views.scheduled(request.rule))
 
 
 def on_theory(result, *values):
@@ -263,7 +308,7 @@ def on_theory(result, *values):
     try:
         request = session.parse_controls(bundle, controls)
     except ValueError as error:
-        return None, f"⚠️ {error}"
+        return None, f"⚠️ {views.plain(str(error), 600)}"
     return theory_outputs(result, request, source, toy_seed)
 
 
@@ -342,6 +387,7 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
     params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule}
     bundle = checked(lambda: MODELS.get(model))
     key = MODELS.key(model)
+    checked(lambda: refuse_unused(bundle, method, params, class_name, prompt))
     given = {"class_name": class_name, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
              "top_p": top_p}
     if bundle is not BUNDLE:  # the documented defaults are the default model's: untouched ones follow the model
@@ -356,6 +402,20 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
     if repeats:
         result.timing = checked(lambda: measure(request, repeats))  # on ZeroGPU too, like the UI's timing
     return views.api_payload(result)
+
+
+def refuse_unused(bundle: Bundle, method, params: dict, class_name, prompt) -> None:
+    """A ValueError for an API value the request cannot use, as the command line refuses one: another
+    method's parameter set off its default, a prompt for a class model, a class for a text model."""
+    if isinstance(method, str) and method in session.method_entries():  # else parse_request names the bad one
+        session.refuse_foreign(method, params)
+    text = session.text_model(bundle)
+    if not text and isinstance(prompt, str) and prompt.strip():
+        raise ValueError(f"prompt is for text-to-image models; {bundle.name} is a class-to-image model: give "
+                         f"class_name, not prompt (got a prompt of {len(prompt)} characters)")
+    if text and class_name not in (None, "", DEFAULTS["class_name"]):
+        raise ValueError(f"class_name is for class-to-image models; {bundle.name} is a text-to-image model: give "
+                         f"prompt, not class_name (got {shorten(class_name)})")
 
 
 OPTIONAL_TRAILING = {"generate": ["", ""]}  # /generate's model and prompt, added later: clients may leave them out
@@ -378,11 +438,20 @@ class Explorer(gr.Blocks):
             log.info("rejected request: %s", message)
             raise gr.Error(message, title="Invalid request", print_exception=False)
 
+    def launch(self, *args, **kwargs):
+        """Gradio's launch, with :class:`KnownEndpoints` in front of the app."""
+        app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
+        app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(KnownEndpoints, blocks=self)]
+        return super().launch(*args, app_kwargs=app_kwargs, **kwargs)
+
     async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
+        self.validate_inputs(block_fn, inputs)  # its own message (Gradio's call of it then passes)
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
-        except gr.Error:
-            raise
+        except gr.Error as error:  # Gradio refuses a value (one no dropdown offers): one line, no traceback
+            reason = clip(str(error.message), 300)
+            log.info("rejected request: %s", reason)
+            raise gr.Error(reason, title="Invalid request", print_exception=False) from None
         except Exception as error:  # Gradio's message: "Could not preprocess ... \n\nExpected ... was: value"
             parts = str(error).split("\n\n")
             reason = parts[0].split(" with input components")[0] + (f": {parts[1]}" if len(parts) > 1 else "")
@@ -390,14 +459,34 @@ class Explorer(gr.Blocks):
             raise gr.Error(clip(reason, 300), title="Invalid request", print_exception=False) from None
 
 
+CALL = re.compile(r"/gradio_api/call/([^/]+)/?$")
+
+
+class KnownEndpoints:
+    """ASGI middleware: ``POST /gradio_api/call/<name>`` for a name with no Python function behind it (unknown,
+    or an event that runs in the browser, such as the seed dice) answers 404 with one readable line. Gradio
+    itself answers an unknown name with HTTP 500 and runs a browser-only one into a traceback."""
+
+    def __init__(self, app, blocks: gr.Blocks) -> None:
+        self.app, self.blocks = app, blocks
+
+    async def __call__(self, scope, receive, send) -> None:
+        called = CALL.search(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if called is not None and called.group(1) not in {fn.api_name for fn in self.blocks.fns.values() if fn.fn}:
+            name = clip(repr(called.group(1)), 80)
+            log.info("rejected request: no endpoint %s", name)
+            response = JSONResponse({"error": f"this app has no endpoint {name}; its API is /generate"}, 404)
+            return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 SESSIONS_KEPT = 64  # per-session results (about 1 MB each) kept for at most this many browser sessions
 
 CSS = """
 .pixelated img { image-rendering: pixelated; }
-.timings { overflow-x: auto; }
-.timings table { width: max-content; font-size: 0.9em; }
-.timings th, .timings td { white-space: nowrap; overflow-wrap: normal !important; word-break: keep-all !important;
-                           padding: 4px 8px !important; }
+.timings table { width: 100%; font-size: 0.9em; }
+.timings th, .timings td { white-space: normal; overflow-wrap: normal !important; word-break: normal !important;
+                           padding: 4px 6px !important; }
 """
 
 
@@ -453,8 +542,8 @@ def settings_panel(start: dict) -> tuple[dict, list[gr.Column]]:
         named["examples"] = gr.Dropdown(list(EXAMPLE_PROMPTS), value=None, label="Example prompts",
                                         elem_id="example-prompts")
     with gr.Row():
-        named["seed"] = gr.Number(value=start["seed"], precision=0, label="Seed", minimum=PARAMS["seed"].low,
-                                  maximum=PARAMS["seed"].high)
+        named["seed"] = unchecked(gr.Number(value=start["seed"], precision=0, label="Seed", minimum=PARAMS["seed"].low,
+                                            maximum=PARAMS["seed"].high, elem_id="seed"))
         named["dice"] = gr.Button("Random seed", size="sm")
     with gr.Accordion("Advanced: sampling", open=False):
         for name in ("cfg_scale", "temperature", "top_k", "top_p"):
@@ -466,7 +555,7 @@ def settings_panel(start: dict) -> tuple[dict, list[gr.Column]]:
 
 def results_panel() -> dict:
     """The right column: both images, the timing table, and the figure tabs."""
-    named: dict = {"caption": gr.Markdown("Press **Generate**.")}
+    named: dict = {"caption": gr.Markdown("Press **Generate**.", elem_id="caption")}
     with gr.Row():
         named["image_method"] = gr.Image(label="Chosen method", type="pil", format="png", height=300,
                                          elem_classes="pixelated", interactive=False)
@@ -495,6 +584,17 @@ def results_panel() -> dict:
     return named
 
 
+def tour_panel() -> dict:
+    """The guided tour: a button per step (:data:`coolsd.app.tour.STEPS`) and the chosen step's text."""
+    with gr.Accordion("Guided tour", open=False, elem_id="tour"):
+        gr.Markdown("Five steps through what the methods do, each with what our study of the shipped model "
+                    "measured. A step sets the controls and generates; then look where its text says.")
+        with gr.Row():
+            buttons = [gr.Button(step.title, size="sm") for step in tour.STEPS]
+        text = gr.Markdown(elem_id="tour-text")
+    return {"tour_buttons": buttons, "tour_text": text}
+
+
 def theory_tab() -> dict:
     """The theory panel: where its (p, q) pairs come from, its figure and its table."""
     gr.Markdown("Exact per-position acceptance rate `beta_i`, TV cost `e_i`, expected accepted drafts "
@@ -505,7 +605,9 @@ def theory_tab() -> dict:
     with gr.Row():
         named["source"] = gr.Radio(["last generation", "toy distributions"], value="last generation",
                                    label="(p, q) pairs from")
-        named["toy_seed"] = gr.Number(value=0, precision=0, label="toy seed", minimum=0, maximum=10**6)
+        named["toy_seed"] = unchecked(gr.Number(value=views.TOY_SEED.default, precision=0, label=views.TOY_SEED.label,
+                                                minimum=views.TOY_SEED.low, maximum=views.TOY_SEED.high,
+                                                elem_id="toy-seed"))
     named["theory_plot"] = gr.Plot(show_label=False, elem_id="theory-plot")
     named["theory_md"] = gr.Markdown(elem_id="theory-text")
     return named
@@ -545,32 +647,91 @@ def on_reset(model):
     return [start[name] for name in session.value_names() if name not in session.CONDITION]
 
 
-def random_seed() -> int:
-    return random.randrange(PARAMS["seed"].high + 1)
+RANDOM_SEED = f"() => Math.floor(Math.random() * {PARAMS['seed'].high + 1})"  # in the browser: no endpoint
 
 
-def wire_generation(ui: dict) -> None:
-    """Generate, then the figures, then the timings; the theory panel follows the method's controls."""
+def ranged_params() -> dict[str, Param]:
+    """The typed controls and the range each is checked against: every numeric method parameter (from the
+    registry now), the seed and the sampling settings, and the theory's toy seed."""
+    names = [control.name for control in session.method_controls() if isinstance(control.schema, Param)]
+    return {**{name: schema(name) for name in names}, **{name: PARAMS[name] for name in (
+        "cfg_scale", "temperature", "top_k", "top_p", "seed")}, "toy_seed": views.TOY_SEED}
+
+
+def on_range(param: Param) -> Callable:
+    """The check of one typed control: a value outside ``param``'s range is one warning that names it, and
+    the control is set back to the value that will run (the nearest end)."""
+    def check_range(value, model=None):
+        bundle = MODELS.peek(model) or BUNDLE
+        fix = corrected(param, value, bundle.config.vocab_size if param.name == "top_k" else None)
+        if fix is None:
+            return gr.skip()
+        log.info("corrected %s: %s", param.name, clip(fix[1], 300))
+        gr.Warning(fix[1], title="Out of range")
+        return fix[0]
+    check_range.__name__ = f"check_{param.name}"
+    return check_range
+
+
+def on_tour(index: int) -> list:
+    """A tour step's button: the values it sets (:func:`tour_controls` order; a skip keeps the control as it is)
+    and its text."""
+    step = tour.STEPS[index]
+    return [step.values.get(name, gr.skip()) for name in tour_controls()] + [tour.step_text(step, TOUR_FACTS)]
+
+
+def tour_step(index: int) -> Callable[[], list]:
+    """Step ``index``'s button handler (:func:`on_tour`, with the index fixed)."""
+    def on_tour_step() -> list:
+        return on_tour(index)
+    return on_tour_step
+
+
+def tour_controls() -> list[str]:
+    """Every control some tour step sets, in ``session.value_names`` order."""
+    wanted = {name for step in tour.STEPS for name in step.values}
+    return [name for name in session.value_names() if name in wanted]
+
+
+def generation_steps(ui: dict, start: Callable) -> None:
+    """Check, generate, then the figures, then the timings, after ``start`` (a click, or another event's
+    ``.then``). The check has no outputs, so a refused setting leaves the last result on the page; a newer
+    generation's images make an older one's pending figures and timing stale (:func:`stale`)."""
     inputs = [ui[name] for name in session.value_names()]
-    ui["run"].click(with_progress(on_generate), inputs, [ui[name] for name in (
-        "image_method", "image_eagle", "timings", "caption", "round_slider", "result")],
+    start(on_check, inputs, None, **PRIVATE).success(
+        with_progress(on_generate, session=True), inputs, [ui[name] for name in (
+            "image_method", "image_eagle", "timings", "caption", "round_slider", "result")],
         concurrency_id="generate", **PRIVATE).then(
         on_figures, [ui["result"], ui["metric"]], [ui[name] for name in (
             "per_position", "lengths", "map_method", "map_eagle", "replay_plot", "theory_plot", "theory_md",
-            "tradeoff_plot")], **PRIVATE).then(
+            "tradeoff_plot")], trigger_mode="always_last", **PRIVATE).then(
         on_timing, ui["result"], [ui["timings"], ui["result"]], concurrency_id="generate", show_progress="minimal",
-        **PRIVATE)
+        trigger_mode="always_last", **PRIVATE)  # "once" would drop a newer request's step while an older one's runs
+
+
+def wire_generation(demo: gr.Blocks, ui: dict) -> None:
+    """Generate (the button, and the tour's steps that generate); the theory panel follows the method's
+    controls, from page load on."""
+    generation_steps(ui, ui["run"].click)
+    outputs = [ui[name] for name in tour_controls()] + [ui["tour_text"]]
+    for index, button in enumerate(ui["tour_buttons"]):
+        step = button.click(tour_step(index), None, outputs, **PRIVATE)
+        if tour.STEPS[index].generate:
+            generation_steps(ui, step.then)
+    inputs = [ui[name] for name in session.value_names()]
     method_values = [ui[name] for name in session.value_names()
                      if name not in session.COMMON and name not in session.CONDITION]
-    gr.on([control.change for control in (*method_values, ui["source"], ui["toy_seed"])], on_theory,
+    gr.on([demo.load] + [control.change for control in (*method_values, ui["source"], ui["toy_seed"])], on_theory,
           [ui["result"], *inputs, ui["source"], ui["toy_seed"]], [ui["theory_plot"], ui["theory_md"]],
-          show_progress="hidden", **PRIVATE)
+          show_progress="hidden", trigger_mode="always_last", **PRIVATE)
     ui["round_slider"].change(on_replay, [ui["result"], ui["round_slider"]], ui["replay_plot"],
                               show_progress="hidden", **PRIVATE)
     ui["play"].click(on_play, ui["result"], ui["round_slider"], **PRIVATE)
     ui["metric"].change(on_metric, [ui["result"], ui["metric"], ui["model"]], ui["tradeoff_plot"], **PRIVATE)
-    ui["model"].input(with_progress(on_model), [ui["model"], ui["model_state"], ui["metric"]],
-                      [ui[name] for name in MODEL_OUTPUTS], concurrency_id="generate", **PRIVATE)
+    # .select: a dropdown's .input fires twice per choice. Loads have their own queue: a slow or failing download
+    # never holds a generation's place (Models.get loads one model at a time anyway).
+    ui["model"].select(with_progress(on_model), [ui["model"], ui["model_state"], ui["metric"]],
+                       [ui[name] for name in MODEL_OUTPUTS], concurrency_id="load", concurrency_limit=4, **PRIVATE)
     ui["examples"].input(lambda example: (example or gr.skip(), None), ui["examples"],
                          [ui["prompt"], ui["examples"]], **PRIVATE)
 
@@ -589,10 +750,12 @@ def wire_controls(demo: gr.Blocks, ui: dict, boxes: list[gr.Column], start: dict
     if OMEGA_LINE in ui:
         omega_inputs = [ui[name] for name in ("method", "delta", "nu", "mu_auto", "mu", "draft", "schedule")]
         gr.on([demo.load] + [control.change for control in omega_inputs], views.omega_line, omega_inputs,
-              ui[OMEGA_LINE], **PRIVATE)
-    ui["dice"].click(random_seed, None, ui["seed"], **PRIVATE)
+              ui[OMEGA_LINE], trigger_mode="always_last", **PRIVATE)  # "once" would drop the newest value
+    ui["dice"].click(None, None, ui["seed"], js=RANDOM_SEED)
     for button, values in ui["presets"].items():
         button.click(lambda values=values: list(values.values()), None, [ui[name] for name in values], **PRIVATE)
+    for name, param in ranged_params().items():
+        ui[name].input(on_range(param), [ui[name], ui["model"]], ui[name], show_progress="hidden", **PRIVATE)
     names = [name for name in session.value_names() if name not in session.CONDITION]
     ui["reset"].click(on_reset, ui["model"], [ui[name] for name in names], **PRIVATE)
 
@@ -604,6 +767,7 @@ def build_demo() -> Explorer:
     with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # image files: an hour
         named: dict = {"result": gr.State(None), "model_state": gr.State(start["model"])}
         gr.Markdown(INTRO)
+        named.update(tour_panel())
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
                 settings, boxes = settings_panel(start)
@@ -611,7 +775,7 @@ def build_demo() -> Explorer:
                 named.update(results_panel())
         named.update(settings)
         demo.named = named
-        wire_generation(named)
+        wire_generation(demo, named)
         wire_controls(demo, named, boxes, start)
         gr.api(api_generate, api_name="generate", concurrency_id="generate")
     demo.queue(default_concurrency_limit=2, max_size=64)

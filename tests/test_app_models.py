@@ -6,9 +6,14 @@ and images at native resolution from 128 px up."""
 from __future__ import annotations
 
 import base64
+import http.server
 import io
 import json
 import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
 import numpy as np
@@ -104,7 +109,7 @@ def test_generating_with_a_prompt_fills_every_output(model_dir):  # noqa: F811
     prompt = "a red cat on the grass"
     image, eagle_image, table, caption, _slider, result = app.on_generate(
         *controls(model=str(model_dir), prompt=prompt, cfg_scale=3.0), progress=no_progress)
-    assert image["value"].size == (80, 80) and eagle_image.size == (80, 80)  # 8 px, enlarged 10x
+    assert image["value"].size == (80, 80) and eagle_image["value"].size == (80, 80)  # 8 px, enlarged 10x
     assert prompt in caption and "Trouser" not in caption
     assert result.request.class_id is None and result.request.prompt == prompt
     assert result.method.stats.tokens == 16 and "speed-up vs AR" in table
@@ -137,7 +142,7 @@ def test_the_api_takes_a_model_and_a_prompt(model_dir):  # noqa: F811
     assert Image.open(io.BytesIO(base64.b64decode(first["eagle"]["png_base64"]))).size == (8, 8)
     default = app.api_generate(method="COOL-SD", seed=3)  # the existing contract: the default model
     assert len(default["method"]["tokens"]) == app.BUNDLE.config.image_tokens
-    again = app.api_generate(method="COOL-SD", seed=3, model="", prompt="ignored by a class model")
+    again = app.api_generate(method="COOL-SD", seed=3, model="", prompt="")  # an empty prompt is no prompt
     assert again["method"]["tokens"] == default["method"]["tokens"] and again["method"]["stats"]["class_id"] == 1
 
 
@@ -171,3 +176,142 @@ def test_reset_keeps_the_model_and_takes_its_defaults(model_dir):  # noqa: F811
     values = dict(zip(names, app.on_reset(str(model_dir))))
     assert values["cfg_scale"] == 3.0 and values["method"] == app.DEFAULT_METHOD
     assert dict(zip(names, app.on_reset(models.DEFAULT)))["class_name"] == "Trouser"
+
+
+# A preset that must download: one short probe of the hub, a remembered failure, and its own queue ---------
+def closed_port() -> int:
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def silent_port():
+    """A port that takes connections and never answers, as a hub behind a black hole does."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.fixture
+def answering_port():
+    """A port where an HTTP server answers every request (404): the hub is there."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+class HubClient:
+    """Stands in for huggingface_hub's download: it would retry for half a minute before giving up."""
+
+    def __init__(self, seconds: float = 6.0) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def __call__(self, key):
+        self.calls += 1
+        time.sleep(self.seconds)
+        raise FileNotFoundError(f"{key}: no network")
+
+
+@pytest.fixture
+def downloads(monkeypatch):
+    """Not offline, nothing cached: every preset must download first; the probes are counted."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    probes = []
+    real = models.hub_reachable
+
+    def counted(timeout=models.PROBE_SECONDS):
+        probes.append(timeout)
+        return real(timeout)
+
+    monkeypatch.setattr(models, "hub_reachable", counted)
+    return probes
+
+
+@pytest.mark.parametrize("where, probe_seconds", [("closed", 2.5), ("silent", 1.0)])
+def test_an_unreachable_hub_fails_in_seconds_says_what_to_do_and_is_remembered(where, probe_seconds, downloads,
+                                                                               silent_port, monkeypatch):
+    """A closed local port, and one that never answers (with a short probe): the choice is refused within the
+    probe's timeout, the download (and its retries) never starts, and a second choice answers at once,
+    without a new probe."""
+    port = closed_port() if where == "closed" else silent_port
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(models, "PROBE_SECONDS", probe_seconds)
+    hub = HubClient()
+    store = models.Models(app.BUNDLE, hub)
+    preset = preset_names()[0]
+    started = time.perf_counter()
+    with pytest.raises(ValueError) as error:
+        store.get(preset)
+    assert time.perf_counter() - started < probe_seconds + 2  # a timeout, not a benchmark
+    message = str(error.value)
+    assert f"could not load model {preset}" in message and "cannot be reached from this machine" in message
+    assert "HF_HUB_OFFLINE=1" in message and "download them where there is a network" in message
+    assert f"127.0.0.1:{port}" in message and hub.calls == 0 and len(downloads) == 1
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="remembered from a try"):
+        store.get(preset)
+    assert time.perf_counter() - started < 0.5 and len(downloads) == 1 and hub.calls == 0
+    monkeypatch.setattr(models, "FAILURE_SECONDS", 0.0)  # once forgotten, the next choice probes again
+    with pytest.raises(ValueError, match="cannot be reached"):
+        store.get(preset)
+    assert len(downloads) == 2
+
+
+def test_a_reachable_hub_downloads_and_a_failed_download_is_remembered(downloads, answering_port, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{answering_port}")
+    hub = HubClient(seconds=0.0)
+    store = models.Models(app.BUNDLE, hub)
+    preset = preset_names()[0]
+    with pytest.raises(ValueError, match="no network"):
+        store.get(preset)
+    assert hub.calls == 1 and len(downloads) == 1
+    with pytest.raises(ValueError, match="remembered"):
+        store.get(preset)
+    assert hub.calls == 1
+    store = models.Models(app.BUNDLE, lambda key: app.BUNDLE)
+    assert store.get(preset) is app.BUNDLE and not store.failed
+
+
+def test_a_local_model_loads_without_probing_the_hub(model_dir, downloads):  # noqa: F811
+    store = models.Models(app.BUNDLE, lambda key: app.BUNDLE)
+    assert store.get(str(model_dir)) is app.BUNDLE and downloads == []
+
+
+def test_the_ui_loads_models_in_their_own_queue_and_generate_never_loads_one():
+    events = {fn.api_name: fn for fn in app.demo.fns.values()}
+    assert events["on_model"].concurrency_id != events["on_generate"].concurrency_id
+    assert events["on_timing"].concurrency_id == events["on_generate"].concurrency_id == "generate"
+    with pytest.raises(gr.Error, match="is not loaded yet"):
+        app.on_check(*controls(model=str(next(key for key in (c.key for c in app.MODELS.choices())
+                                                  if key not in app.MODELS.loaded))))
+
+
+def test_a_generation_is_not_delayed_by_slow_model_loads(broken_dir, monkeypatch):
+    """The real app and queue: two visitors choose a model whose load takes 8 s; a third one's generation,
+    sent meanwhile, comes back without waiting for them."""
+    from test_browser import GOOD, api_call, free_port, ui_call
+
+    monkeypatch.setattr(app.MODELS, "loader", HubClient(seconds=8.0))
+    port = free_port()
+    demo = app.build_demo()  # its selector lists COOLSD_MODELS as set now
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        server = type("Server", (), {"url": f"http://127.0.0.1:{port}/"})
+        fn = {d["api_name"]: d["id"] for d in demo.config["dependencies"]}
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            loads = [pool.submit(ui_call, server, f"loader{i}", fn["on_model"], [str(broken_dir), None, "fid"])
+                     for i in range(2)]
+            time.sleep(1.0)  # both loads are under way
+            started = time.perf_counter()
+            answer = api_call(server, "generate", GOOD)
+            waited = time.perf_counter() - started
+            assert all(not load.done() for load in loads)
+            for load in loads:
+                load.result(timeout=60)
+        assert answer[0]["method"]["tokens"] and waited < 5, waited
+    finally:
+        demo.close()

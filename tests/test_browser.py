@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,9 +17,10 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 from playwright.sync_api import expect, sync_playwright
-from test_model_json import model_dir  # noqa: F401 (a tiny text-to-image model.json directory, for the selector)
+from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_dir: a tiny text-to-image model)
 
 from coolsd.app.session import value_names  # the order of the app's control values
+from coolsd.core.rules import omega_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -39,15 +41,21 @@ class Server:
     log: Path
     seconds_to_http_200: float
 
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):  # noqa: F811
     """``python app.py`` on a free localhost port, as a user would start it, offline, with the tiny text model
-    in its model selector."""
+    and a broken model directory (its weights are missing) in its model selector."""
     port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
+    broken = tmp_path_factory.mktemp("broken")
+    (broken / "model.json").write_text(json.dumps({"family": "llamagen", "name": "broken", "gpt": "missing.pt",
+                                                   "vq": "missing_vq.pt", "model_args": GPT_ARGS, "vq_args": VQ_ARGS}))
     env = dict(os.environ, GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False",
-               COOLSD_MODELS=str(model_dir), HF_HUB_OFFLINE="1")
+               COOLSD_MODELS=os.pathsep.join([str(model_dir), str(broken)]), HF_HUB_OFFLINE="1")
     env.pop("COOLSD_THREADS", None)
     started = time.perf_counter()
     with open(log, "w") as out:
@@ -103,6 +111,12 @@ def set_number(page, label: str, value) -> None:
     box.press("Enter")
 
 
+def page_result(page) -> dict:
+    """What the page shows of the last result: image and figure sources, caption and timing table."""
+    return {"images": image_sources(page), "plots": page.evaluate(PLOT_IMAGES),
+            "caption": page.locator("#caption").inner_text(), "timings": page.locator("#timings").inner_text()}
+
+
 def generate_and_wait(page, timings: bool = True) -> float:
     """Click Generate; wait for both images to change (returns that time), then for the figures and, if asked,
     the measured timings."""
@@ -148,7 +162,7 @@ def test_browser_generate_then_invalid_input(server, browser, tmp_path):
         page.get_by_label("Seed").fill(str(attempt))
         timings.append(generate_and_wait(page))
     expect(page.get_by_text("speed-up vs AR")).to_be_visible()
-    expect(page.locator("table").filter(has_text="COOL-SD")).to_be_visible()
+    expect(page.locator("#timings table").first).to_contain_text("COOL-SD")
     expect(page.locator("#timings")).to_contain_text("on cpu (float32, eager steps, 1 CPU thread)")
     (tmp_path / "click_to_images.json").write_text(json.dumps({"seconds": timings}))
     print(f"click to both images: first {timings[0]:.2f}s, then {timings[1]:.2f}s")
@@ -158,12 +172,19 @@ def test_browser_generate_then_invalid_input(server, browser, tmp_path):
     if os.environ.get("COOLSD_SCREENSHOT"):
         shutil.copy(shot, ROOT / os.environ["COOLSD_SCREENSHOT"])
 
-    # an invalid value: a too-steep linear schedule is refused with one readable message
+    # an invalid value: a too-steep linear schedule is refused with one readable message, and the last result
+    # stays on the page, whole: both images, the caption, the table and the figures, with no error badge
+    shown = page_result(page)
     page.get_by_label("linear").check()
     page.get_by_role("button", name="Generate", exact=True).click()
     error = page.locator(TOASTS).filter(has_text="too steep for a linear schedule")
     expect(error.first).to_be_visible(timeout=20000)
     assert "Traceback" not in page.content()
+    page.wait_for_timeout(1000)
+    assert page_result(page) == shown
+    assert page.locator(".pixelated img").evaluate_all("els => els.every(e => e.naturalWidth > 0 && "
+                                                       "e.getBoundingClientRect().height > 0)")
+    assert page.locator(".pixelated, #caption, #timings").get_by_text("Error", exact=True).count() == 0
 
     # the server is still up and serves the next request
     page.get_by_label("exp", exact=True).check()
@@ -222,24 +243,28 @@ def test_browser_replay_follows_the_keyboard_and_theory_clears_for_ar(server, br
 
 
 def test_browser_phone_width(server, browser, tmp_path):
-    """At 420 px: the timing table scrolls instead of being cut, no word breaks inside a cell, figures are not
-    covered by a label, and hidden controls leave no gap."""
-    page = open_page(browser, server.url, width=420, height=900)
+    """At 390 px: the timing tables fit, nothing of them is hidden or needs scrolling, every column header is on
+    screen, no word breaks inside a cell, figures are not covered by a label, and hidden controls leave no gap."""
+    page = open_page(browser, server.url, width=390, height=900)
     generate_and_wait(page)
-    table = page.locator("#timings table")
     layout = page.evaluate("""() => {
         const box = document.querySelector('#timings');
-        const scrolls = [box, ...box.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1 &&
-            ['auto', 'scroll'].includes(getComputedStyle(e).overflowX));
-        const cells = [...document.querySelectorAll('#timings th, #timings td')];
-        const lines = cells.map(c => c.getBoundingClientRect().height / parseFloat(getComputedStyle(c).lineHeight));
-        return {scrolls,
-                fits: document.documentElement.scrollWidth <= window.innerWidth,
-                nowrap: cells.every(c => getComputedStyle(c).whiteSpace == 'nowrap'),
-                tallest: Math.max(...lines)};
+        const inside = (r, o) => r.left >= o.left - 1 && r.right <= o.right + 1;
+        const view = {left: 0, right: window.innerWidth};
+        const cells = [...box.querySelectorAll('th, td')];
+        return {fits: box.scrollWidth <= box.clientWidth && document.documentElement.scrollWidth <= window.innerWidth,
+                overflowing: [box, ...box.querySelectorAll('*')].filter(e => e.scrollWidth > e.clientWidth + 1)
+                    .map(e => e.tagName + ': ' + e.innerText.slice(0, 30)),
+                headers: [...box.querySelectorAll('th')].map(h => [h.innerText.replace(/\\s+/g, ' '),
+                    inside(h.getBoundingClientRect(), box.getBoundingClientRect()) &&
+                    inside(h.getBoundingClientRect(), view)]),
+                broken: cells.filter(c => ['anywhere', 'break-word'].includes(getComputedStyle(c).overflowWrap) ||
+                    getComputedStyle(c).wordBreak == 'break-all').length};
     }""")
-    assert layout["scrolls"] and layout["fits"] and layout["nowrap"], layout
-    assert table.locator("td").filter(has_text="COOL-SD").first.inner_text() == "COOL-SD"
+    assert layout["fits"] and not layout["overflowing"] and layout["broken"] == 0, layout
+    assert [h for h, _ in layout["headers"]] == ["run", "latency (ms)", "speed-up vs AR", "tau", "run",
+                                                 "target forwards", "drafter forwards", "relaxation cost"]
+    assert all(visible for _, visible in layout["headers"]), layout["headers"]
     labels_over_plots = page.evaluate("""() => {
         const labels = [...document.querySelectorAll("[data-testid='block-label']")]
             .map(l => l.getBoundingClientRect());
@@ -286,7 +311,9 @@ GOOD = ["COOL-SD", 2.0, 0.7, "auto", 10, 5.0, "chain:5", "Trouser", 0, 2.0, 1.0,
     ("generate", GOOD[:8] + [float("nan")] + GOOD[9:], "seed must be a finite number"),
     ("generate", GOOD[:7] + ["x" * 1_000_000] + GOOD[8:], "class must be one of"),
     ("generate", GOOD[:1] + [10.0] + GOOD[2:], "delta must be between 0.05 and 5"),
-    ("on_theory", [None] * 20, "Could not preprocess"),
+    ("generate", ["UniformRSD", 2.0, 9.0] + GOOD[3:], "nu is not a parameter of UniformRSD (it takes: delta)"),
+    ("generate", GOOD + ["", "x" * 5_000_000], "prompt is for text-to-image models"),
+    ("on_theory", [None] * 9 + ["tree:huge"] + [None] * 10, "Value: tree:huge is not in the list of choices"),
     ("on_theory", [None] * 3, "takes 20 values, got 3"),
 ])
 def test_malformed_api_calls_get_one_readable_error_and_one_log_line(server, name, data, needle):
@@ -391,3 +418,174 @@ def test_browser_switches_to_a_text_model_and_generates_from_a_prompt(server, br
     expect(page.get_by_text("a red fox in the snow").first).to_be_visible()
     sizes = page.locator(".pixelated img").evaluate_all("els => els.map(e => e.naturalWidth)")
     assert sizes == [80, 80], sizes  # the tiny model's 8 px, enlarged 10x
+
+
+def added_lines(server, before: list[str]) -> list[str]:
+    return server.lines()[len(before):]
+
+
+def wait_for_log(server, before: list[str], needle: str, count: int, timeout: float = 120) -> list[str]:
+    """The log lines added since ``before`` once ``count`` of them contain ``needle``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        lines = added_lines(server, before)
+        if sum(needle in line for line in lines) >= count:
+            return lines
+        time.sleep(0.25)
+    raise AssertionError(f"{count} log lines with {needle!r} did not come: {added_lines(server, before)}")
+
+
+def test_browser_timing_belongs_to_the_request_it_was_measured_for(server, browser):
+    """Generate with COOL-SD (seed 31); when the images appear, switch to Eagle-1 and Generate (seed 32). Once
+    every timing has finished, the table shows Eagle-1's rows with seed 32's numbers, never COOL-SD's, and the
+    result the other tabs read is seed 32's."""
+    expected = api_call(server, "generate", ["Eagle-1 (lossless)"] + GOOD[1:8] + [32] + GOOD[9:])[0]["method"]["stats"]
+    page = open_page(browser, server.url)
+    page.get_by_label("COOL-SD", exact=True).check()
+    page.get_by_label("Seed").fill("31")
+    before = server.lines()
+    generate_and_wait(page, timings=False)  # images and figures: COOL-SD's timing is next, or under way
+    page.get_by_label("Eagle-1 (lossless)", exact=True).check()
+    page.get_by_label("Seed").fill("32")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    expect(page.locator("#caption")).to_contain_text("seed 32", timeout=60000)
+    expect(page.locator("#timings")).to_contain_text("interleaved repeats", timeout=120000)  # a timing is shown
+    table = page.locator("#timings").inner_text()
+    assert "COOL-SD" not in table and "Eagle-1 (lossless)" in table and "measuring" not in table, table
+    lines = wait_for_log(server, before, "coolsd.app INFO timing ", 2)  # COOL-SD's (dropped), then Eagle-1's
+    assert any("timing COOL-SD seed=31" in line and "dropped" in line for line in lines), lines
+    assert page.locator("#timings").inner_text() == table  # every timing has finished: still Eagle-1's
+    rows = page.locator("#timings table").nth(1).locator("tr").all_inner_texts()
+    eagle = next(row for row in rows if row.startswith("Eagle-1")).split("\t")
+    assert eagle[1:3] == [str(expected["target_forwards"]), str(expected["drafter_forwards"])]
+    speed = next(row for row in page.locator("#timings table").first.locator("tr").all_inner_texts()
+                 if row.startswith("Eagle-1"))
+    assert speed.split("\t")[-1] == f"{expected['tau']:.2f}"
+    page.get_by_role("tab", name="Theory").click()  # the result state: the theory of the last generation
+    page.get_by_label("toy distributions").check()
+    expect(page.locator("#theory-text")).to_contain_text("toy:")
+    page.get_by_label("last generation").check()
+    expect(page.locator("#theory-text")).to_contain_text("last Eagle-1 run (seed 32, chain:5")
+
+
+def test_browser_theory_shows_on_load_and_handles_lantern_and_another_model(server, browser):
+    page = open_page(browser, server.url)
+    page.get_by_role("tab", name="Theory").click()
+    expect(page.locator("#theory-text")).to_contain_text("Nothing generated yet")  # not blank before a change
+    expect(page.locator("#theory-text")).to_contain_text("E[N] =")
+    page.wait_for_function("() => document.querySelector('#theory-plot img')", timeout=20000)
+    page.get_by_label("toy distributions").check()
+    page.get_by_label("LANTERN++", exact=True).check()
+    expect(page.locator("#theory-text")).to_contain_text("LANTERN++'s neighbours: random code vectors")
+    expect(page.locator("#theory-text")).not_to_contain_text("omega_i")  # LANTERN++ has no schedule
+    page.wait_for_timeout(1000)
+    assert page.locator(TOASTS).count() == 0 and "⚠️" not in page.locator("#theory-text").inner_text()
+    page.get_by_label("last generation").check()
+    generate_and_wait(page, timings=False)
+    page.get_by_role("tab", name="Theory").click()
+    page.get_by_label("Model").click()
+    page.get_by_role("option", name="tiny text-to-image").click()
+    expect(page.locator("#prompt textarea")).to_be_visible(timeout=60000)
+    page.get_by_label("LANTERN++ with G*", exact=True).check()
+    expect(page.locator("#theory-text")).to_contain_text("made with model default, not the selected model")
+    page.wait_for_timeout(1000)
+    assert page.locator(TOASTS).count() == 0 and "⚠️" not in page.locator("#theory-text").inner_text()
+
+
+def test_browser_a_typed_value_out_of_range_is_one_named_message(server, browser):
+    """delta 7 typed: one toast that names delta and its range, no traceback; the box shows 5, and the omega
+    line and the generation use 5."""
+    page = open_page(browser, server.url)
+    expect(page.locator("#omega-line")).to_contain_text("ω_1..ω_5")
+    before = server.lines()
+    set_number(page, "δ (delta): total relaxation", 7)
+    expect(page.locator(TOASTS).first).to_be_visible(timeout=20000)
+    page.wait_for_timeout(1500)
+    toasts = page.locator(TOASTS).all_inner_texts()
+    assert len(toasts) == 1 and "delta must be between 0.05 and 5, got 7 (set to 5)" in toasts[0], toasts
+    box = page.get_by_label("number input for δ (delta): total relaxation")
+    expect(box).to_have_value("5")
+    first = omega_schedule(5.0, 0.7, "auto", 5)[0]
+    expect(page.locator("#omega-line")).to_contain_text(f"ω_1..ω_5: {first:.2f}")
+    assert "Error" not in page.locator("#omega-line").inner_text()
+    generate_and_wait(page, timings=False)
+    expect(page.locator("#caption")).to_contain_text("delta=5,")
+    added = added_lines(server, before)
+    assert not any("Traceback" in line for line in added) and sum("corrected delta" in line for line in added) == 1
+
+
+def test_browser_a_broken_model_directory_warns_once(server, browser):
+    page = open_page(browser, server.url)
+    before = server.lines()
+    page.get_by_label("Model").click()
+    page.get_by_role("option", name="broken").click()
+    expect(page.locator(TOASTS).first).to_be_visible(timeout=20000)
+    page.wait_for_timeout(2000)
+    toasts = page.locator(TOASTS).all_inner_texts()
+    assert len(toasts) == 1 and toasts[0].count("could not load model") == 1 and "missing.pt" in toasts[0], toasts
+    added = added_lines(server, before)
+    assert sum("could not load model" in line for line in added) == 1, added
+    expect(page.locator("#class-name")).to_be_visible()  # the selection went back to the default model
+
+
+def test_browser_walks_the_guided_tour(server, browser):
+    """Each step sets its controls (method, delta, draft), generates, and shows its text with the study's
+    numbers."""
+    from coolsd.app import tour
+    page = open_page(browser, server.url)
+    page.get_by_text("Guided tour").click()
+    for step in tour.STEPS:
+        before = image_sources(page)
+        page.get_by_role("button", name=step.title).click()
+        expect(page.locator("#tour-text")).to_contain_text(step.title)
+        assert page.get_by_label(step.values["method"], exact=True).is_checked()
+        if "delta" in step.values:
+            expect(page.get_by_label("number input for δ (delta): total relaxation")).to_have_value(
+                f"{step.values['delta']:g}")
+        expect(page.get_by_label("Draft structure")).to_have_value(step.values["draft"])
+        if step.generate:
+            page.wait_for_function("before => { const s = [...document.querySelectorAll('.pixelated img')]"
+                                   ".map(e => e.src); return s.length == 2 && s.some((x, i) => x !== before[i]); }",
+                                   arg=before, timeout=60000)
+            expect(page.locator("#caption")).to_contain_text(f"Left: {step.values['method'].split(' (')[0]}")
+        text = page.locator("#tour-text").inner_text()
+        assert "(not in the study)" not in text and "{" not in text
+    page.get_by_role("button", name=tour.STEPS[2].title).click()
+    expect(page.locator("#tour-text")).to_contain_text("on our model the study did not show it")
+
+
+def test_browser_text_the_user_typed_is_shown_literally(server, browser):
+    page = open_page(browser, server.url)
+    page.get_by_label("Model").click()
+    page.get_by_role("option", name="tiny text-to-image").click()
+    expect(page.locator("#prompt textarea")).to_be_visible(timeout=60000)
+    page.locator("#prompt textarea").fill("a **bold** `tick` fox\nin the <b>snow</b> $$x^2$$")
+    generate_and_wait(page, timings=False)
+    caption = page.locator("#caption")
+    expect(caption).to_contain_text("“a **bold** `tick` fox in the <b>snow</b> $$x^2$$”")
+    assert caption.locator("strong").all_inner_texts() == ["COOL-SD (chain:5)", "Eagle-1 (lossless, chain:5)"]
+    assert caption.locator("code, b, .katex").count() == 0
+
+
+def test_browser_the_seed_dice_runs_in_the_browser(server, browser):
+    page = open_page(browser, server.url)
+    seeds = set()
+    for _ in range(3):
+        page.get_by_role("button", name="Random seed").click()
+        page.wait_for_timeout(300)
+        seeds.add(page.get_by_label("Seed").input_value())
+    assert len(seeds - {"0"}) >= 2
+
+
+@pytest.mark.parametrize("name", ["random_seed", "js_fn", "no_such_endpoint", "x" * 300])
+def test_an_endpoint_the_app_does_not_have_answers_404_in_one_line(server, name):
+    before = server.lines()
+    request = urllib.request.Request(f"{server.url}gradio_api/call/{name}", data=b'{"data": []}',
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=30)
+    body = error.value.read().decode()
+    assert error.value.code == 404 and "no endpoint" in body and "/generate" in body and len(body) < 200
+    time.sleep(0.2)
+    added = added_lines(server, before)
+    assert not any("Traceback" in line for line in added) and sum("rejected request" in line for line in added) == 1

@@ -114,7 +114,7 @@ def test_the_app_generates_with_it(half):
     values = {**app.defaults(), "method": "Half-relaxed", "strength": 1.5, "draft": "tree:eagle25"}
     ordered = [values[name] for name in session.value_names()]
     image, _, table, caption, _, result = app.on_generate(*ordered, progress=no_progress)
-    assert image["label"] == "Half-relaxed" and "Half-relaxed" in table and "Half-relaxed" in caption
+    assert image["label"] == "Half-relaxed (tree:eagle25)" and "Half-relaxed" in table and "Half-relaxed" in caption
     assert result.method.stats.method == "half" and result.method.stats.params == {"strength": 1.5}
     assert result.method.stats.tokens == app.BUNDLE.config.image_tokens
     figures = app.on_figures(result, "fid")

@@ -3,9 +3,10 @@ which controls exist, their starting values, which method entries show them, and
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from ..core.params import Choice, Param
+from ..core.params import Choice, Param, show_number
 from ..core.rules import RULES
 from . import session
 
@@ -58,3 +59,24 @@ def drafting_labels() -> set[str]:
 def word_label(param: Param, word: str) -> str:
     """``μ auto``: the parameter's symbol (its label's first word) and the word."""
     return f"{param.label.split(' (')[0]} {word}"
+
+
+def corrected(param: Param, value: Any, high: float | None = None) -> tuple[float | int, str] | None:
+    """None when ``value`` is what will run; else the value a typed control is set back to and why: a number
+    outside the range goes to its nearest end (whole for an integer parameter), anything else to the start."""
+    top = param.high if high is None else high
+    try:
+        param.check(value, high)
+        return None
+    except ValueError as error:
+        reason = str(error)
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        fixed = slider_start(param, top)
+    else:
+        fixed = min(max(number, param.low), top)
+    fixed = int(round(fixed)) if param.integer else fixed
+    return fixed, f"{reason} (set to {show_number(fixed)})"

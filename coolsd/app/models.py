@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +16,14 @@ from pathlib import Path
 from ..core.params import shorten
 from ..models import registry
 from ..models.bundle import Bundle, load_bundle
-from ..models.registry import PRESETS, preset_names, read_spec
+from ..models.registry import PRESETS, model_file, preset_names, read_spec
 
 DEFAULT = "default"  # the shipped model's key (the API's empty ``model`` too)
 ENV = "COOLSD_MODELS"  # os.pathsep-separated model.json directories or bundle directories
 HUB_CACHE_DIR: str | None = None  # the Hugging Face cache to look in (None: huggingface_hub's own)
+HUB = "https://huggingface.co"  # huggingface_hub's endpoint unless HF_ENDPOINT names another
+PROBE_SECONDS = 2.5  # one request to the hub before a download: no answer by then means unreachable
+FAILURE_SECONDS = 300.0  # a model whose download failed is refused at once for this long, without a new try
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,50 @@ def preset_status(name: str) -> str | None:
     return None if offline() else "(downloads on first use)"
 
 
+def hub_endpoint() -> str:
+    """The hub huggingface_hub downloads from: ``HF_ENDPOINT``, read now, else the public hub."""
+    return (os.environ.get("HF_ENDPOINT", "").strip() or HUB).rstrip("/")
+
+
+def hub_reachable(timeout: float = PROBE_SECONDS) -> bool:
+    """Whether the hub answers one HEAD request within ``timeout`` seconds (any HTTP status counts: it is there).
+    Name lookup included: the request runs in a thread, since ``socket`` cannot bound a lookup. huggingface_hub
+    itself retries an unreachable hub for half a minute."""
+    answer: list[bool] = []
+
+    def ask() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(hub_endpoint(), method="HEAD"), timeout=timeout).close()
+            answer.append(True)
+        except urllib.error.HTTPError:
+            answer.append(True)
+        except (OSError, ValueError):  # no name, no route, refused, timed out, a broken TLS or URL
+            answer.append(False)
+
+    probe = threading.Thread(target=ask, daemon=True, name="hub-probe")
+    probe.start()
+    probe.join(timeout)
+    return bool(answer and answer[0])
+
+
+def needs_download(source: str) -> bool:
+    """Whether loading ``source`` (a preset or a directory) must download files: some hub reference of its
+    ``model.json`` is not cached, and huggingface_hub may go online (``HF_HUB_OFFLINE`` unset)."""
+    try:
+        path = model_file(source)
+        references = registry.hub_references(read_spec(path)) if path is not None else []
+    except ValueError:
+        return False  # the loader says what is wrong with it
+    return not offline() and not all(hub_cached(value, directory) for value, directory in references)
+
+
+def unreachable(key: str) -> str:
+    return (f"could not load model {key}: its files are not in the local Hugging Face cache and the hub "
+            f"({hub_endpoint()}) cannot be reached from this machine; download them where there is a network "
+            "(huggingface-cli download, into the same cache), or set HF_HUB_OFFLINE=1 to list only the models "
+            "whose files are cached")
+
+
 def listing(default_name: str) -> list[ModelChoice]:
     """The selector's entries: the default (shipped) model first, then ``COOLSD_MODELS``'s directories, then the
     available presets (read now: a newly cached preset is listed)."""
@@ -80,11 +130,13 @@ def listing(default_name: str) -> list[ModelChoice]:
 
 
 class Models:
-    """The models chosen so far, each loaded once, on first use (one load at a time), and kept."""
+    """The models chosen so far, each loaded once, on first use (one load at a time), and kept. A model whose
+    files had to be downloaded and could not be is refused at once for ``FAILURE_SECONDS``."""
 
     def __init__(self, default: Bundle, loader: Callable[[str], Bundle] = load_bundle) -> None:
         self.default, self.loader = default, loader
         self.loaded: dict[str, Bundle] = {DEFAULT: default}
+        self.failed: dict[str, tuple[float, str]] = {}  # key -> (when, why), for downloads that failed
         self.lock = threading.Lock()
 
     def choices(self) -> list[ModelChoice]:
@@ -108,18 +160,44 @@ class Models:
         return self.loaded.get(DEFAULT if value in (None, "") else value) if isinstance(value, (str, type(None))) \
             else None
 
-    def get(self, value, progress=None) -> Bundle:
-        """The bundle of a key, loaded now if it is the first use (a readable ValueError when it cannot be)."""
+    def get(self, value, progress=None, load: bool = True) -> Bundle:
+        """The bundle of a key, loaded now if it is the first use (a readable ValueError when it cannot be, or
+        when ``load`` is False and it is not loaded yet). A download is tried only after one short probe of the
+        hub, and a failed one is remembered (:meth:`remembered`)."""
         key = self.key(value)
         if key in self.loaded:
             return self.loaded[key]
+        if not load:
+            raise ValueError(f"model {key} is not loaded yet: it loads when chosen in the Model selector; "
+                             "generate once it is ready")
+        self.remembered(key)
+        download = needs_download(key)
+        if download and not hub_reachable():
+            self.failed[key] = (time.monotonic(), unreachable(key))
+            raise ValueError(self.failed[key][1])
         with self.lock:
             if key not in self.loaded:
-                if progress is not None:
-                    progress(0.05, desc=f"Loading model {key} (first use; may take a while)")
-                try:
-                    self.loaded[key] = self.loader(key)
-                except Exception as error:  # any loading failure is a readable message, never a crash
-                    text = str(error).split("\n")[0] or type(error).__name__
-                    raise ValueError(f"could not load model {key}: {text[:300]}") from None
+                self.load(key, download, progress)
         return self.loaded[key]
+
+    def remembered(self, key: str) -> None:
+        """A ValueError with the reason of a failed download of ``key`` less than ``FAILURE_SECONDS`` ago."""
+        when, why = self.failed.get(key, (None, ""))
+        age = time.monotonic() - when if when is not None else FAILURE_SECONDS
+        if age < FAILURE_SECONDS:
+            raise ValueError(f"{why} (remembered from a try {age:.0f} s ago; the next try can be made in "
+                             f"{FAILURE_SECONDS - age:.0f} s)")
+
+    def load(self, key: str, download: bool, progress=None) -> None:
+        """Load ``key`` now (under the lock); a failed download is remembered, a local failure is not (its files
+        may be fixed at once)."""
+        if progress is not None:
+            progress(0.05, desc=f"Loading model {key} (first use{'; downloading' * download}; may take a while)")
+        try:
+            self.loaded[key] = self.loader(key)
+        except Exception as error:  # any loading failure is a readable message, never a crash
+            text = str(error).split("\n")[0] or type(error).__name__
+            if download:
+                self.failed[key] = (time.monotonic(), f"could not load model {key}: {text[:300]}")
+            raise ValueError(f"could not load model {key}: {text[:300]}") from None
+        self.failed.pop(key, None)

@@ -4,11 +4,12 @@ method and lossless Eagle-1, cached), and their timing in interleaved repeats. W
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -152,6 +153,29 @@ def method_params(name: str, fixed: dict, raw: Mapping) -> dict:
     return params
 
 
+def same_value(value, default) -> bool:
+    """Whether an API value is its parameter's default (``2`` is ``2.0``, ``"AUTO"`` is ``"auto"``)."""
+    if isinstance(value, str) or isinstance(default, str):
+        return isinstance(value, str) and isinstance(default, str) and value.strip().lower() == default.lower()
+    try:
+        return not isinstance(value, bool) and float(value) == float(default)
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def refuse_foreign(label: str, raw: Mapping) -> None:
+    """A ValueError for the first value in ``raw`` (method parameters by name) that the entry ``label`` does
+    not take and that differs from its default: an API client that sets ``nu`` for UniformRSD asked for
+    something this method cannot do (the app's controls, which send every value, skip this)."""
+    name, fixed = method_entries()[choice("method", label, method_entries())]
+    takes = [schema.name for schema in RULES[name].params if schema.name not in fixed]
+    for control in method_controls():
+        if control.name in raw and control.name not in takes and not same_value(raw[control.name],
+                                                                               control.schema.default):
+            raise ValueError(f"{control.name} is not a parameter of {label} (it takes: {', '.join(takes) or 'none'}); "
+                             f"got {shorten(raw[control.name])}")
+
+
 def text_model(bundle: Bundle) -> bool:
     return bool(getattr(bundle.config, "text_conditioned", False))
 
@@ -224,6 +248,34 @@ class Comparison:
     eagle: Generation
     images: dict = field(default_factory=dict)
     timing: "Timing | None" = None
+    serial: int = 0  # which request of its browser session this is (:class:`Latest`)
+
+
+class Latest:
+    """The newest generation of each browser session (the last ``sessions`` kept), so that a slower, older
+    request's timing or figures, finishing after a newer request's images, are dropped instead of shown."""
+
+    def __init__(self, sessions: int = 256) -> None:
+        self.sessions, self.newest, self.lock = sessions, OrderedDict(), threading.Lock()
+        self.count = itertools.count(1)
+
+    def claim(self, session: str | None) -> int:
+        """A new serial for ``session``'s newest request: every older one is stale from now on (not for None,
+        a direct call)."""
+        with self.lock:
+            serial = next(self.count)
+            if session is None:
+                return serial
+            self.newest[session] = serial
+            self.newest.move_to_end(session)
+            while len(self.newest) > self.sessions:
+                self.newest.popitem(last=False)
+            return serial
+
+    def current(self, session: str | None, serial: int) -> bool:
+        """Whether ``serial`` is still ``session``'s newest request (a session forgotten since, or None: yes)."""
+        with self.lock:
+            return self.newest.get(session, serial) == serial
 
 
 # One long-lived thread for the Eagle-1 runs that go alongside a request's own: a thread per request would give
@@ -297,9 +349,11 @@ class Timing:
                 **{f"speedup_vs_ar_{run}": self.speedup(run) for run in ("eagle", "method")}}
 
 
-def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS) -> Timing:
+def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS,
+                  stop: Callable[[], bool] | None = None) -> Timing | None:
     """Time AR, Eagle-1 and the chosen method ``repeats`` times each, interleaved, in rotating order (no run
-    always goes first); the same class, seed and sampling as the images, so the tokens are the same too."""
+    always goes first); the same class, seed and sampling as the images, so the tokens are the same too.
+    None as soon as ``stop()`` is true before a run: nobody waits for those numbers any more."""
     runs = {"ar": AR(), "eagle": Eagle()}
     if request.method not in runs:
         runs["method"] = request.rule
@@ -311,6 +365,8 @@ def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEAT
             generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed)
     for repeat in range(repeats):
         for run in order[repeat % len(order):] + order[:repeat % len(order)]:
+            if stop is not None and stop():
+                return None
             generation = generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed)
             seconds[run].append(generation.stats.seconds["total"])
     if "method" not in seconds:  # AR or Eagle-1 chosen: it is one of the two

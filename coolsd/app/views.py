@@ -7,6 +7,7 @@ import base64
 import functools
 import io
 import json
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -15,8 +16,9 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from ..core.decode import Generation
+from ..core.params import Param, clip
 from ..core.rules import RULES, AcceptanceRule, build_rule, omega_schedule, param, resolve_mu
-from ..core.theory import captured_theory, chain_theory, toy_chain
+from ..core.theory import captured_theory, chain_theory, toy_chain, toy_neighbours
 from ..core.trees import parse_draft
 from ..models.bundle import Bundle
 from . import plots
@@ -42,31 +44,82 @@ def enlarge(pixels: np.ndarray, scale: int | None = None) -> Image.Image:
     return image.resize((image.width * scale, image.height * scale), Image.NEAREST)
 
 
-def timing_table(result: Comparison) -> str:
-    """Markdown: per run, latency and speed-up vs AR (median and range over interleaved repeats, once
-    measured), tau, forwards and relaxation cost."""
-    rows = ["| run | latency (ms) | speed-up vs AR | tau | target forwards | drafter forwards | relaxation cost |",
-            "|---|---|---|---|---|---|---|"]
+MARKDOWN_SPECIAL = "\\`*_[]|~$"  # backslash-escaped anywhere; & < > become HTML entities
+LINE_START = re.compile(r"^([#+=-]|\d+(?=[.)]))")  # a heading or a list item, were it at the start of a line
+
+
+def plain(text: str, limit: int = 300) -> str:
+    """User text (a prompt, a class name, an error message) as Markdown that shows it literally: on one line,
+    clipped, every Markdown and HTML special character escaped, so ``**bold**`` or ``<b>`` is shown as typed."""
+    text = clip(" ".join(str(text).split()), limit)
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = "".join(f"\\{c}" if c in MARKDOWN_SPECIAL else c for c in text)
+    return LINE_START.sub(lambda match: match.group(0) + "\\" if match.group(0)[0].isdigit() else
+                          "\\" + match.group(0), text)
+
+
+def image_labels(request: Request) -> tuple[str, str]:
+    """The two images' labels, each naming the draft it used: the Eagle-1 run drafts with the draft structure
+    even when AR is chosen and that control is hidden."""
+    eagle = f"Eagle-1 (lossless, {request.draft})"
+    if request.method == "eagle":
+        return eagle, eagle
+    return (f"{request.label} ({request.draft})" if RULES[request.method].drafts else request.label), eagle
+
+
+def setting_text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def caption(bundle: Bundle, request: Request) -> str:
+    """The caption above the images: both runs, the method's parameters, the condition and the seed."""
+    method, eagle = image_labels(request)
+    params = ", ".join(f"{name}={setting_text(value)}" for name, value in request.params)
+    condition = (f"Class *{plain(bundle.class_names[request.class_id])}*" if request.class_id is not None
+                 else f"Prompt *“{plain(request.prompt)}”*")
+    return (f"Left: **{plain(method)}**{f', {params}' if params else ''}. Right: **{plain(eagle)}**. "
+            f"{condition}, seed {request.seed}.")
+
+
+def timing_runs(result: Comparison) -> list[tuple[str, str, object]]:
+    """(timing key, row label, statistics) of each run in the table: the method, Eagle-1 unless it is the
+    method, and AR unless it is (AR's statistics are implied: one target forward per token)."""
     runs = [("method", result.request.label, result.method.stats)]
     if result.request.method != "eagle":
         runs.append(("eagle", "Eagle-1 (lossless)", result.eagle.stats))
     if result.request.method != "ar":
         runs.append(("ar", "AR (no drafting)", None))
+    return runs
+
+
+def speed_cells(timing, run: str) -> tuple[str, str]:
+    """Latency (ms) and speed-up vs AR of one run: the median, with the min-max range on a second line."""
+    if timing is None:
+        return "measuring…", "measuring…"
+    median, low, high = timing.latency(run)
+    latency = f"{1000 * median:.0f}<br><small>{1000 * low:.0f}–{1000 * high:.0f}</small>"
+    if run == "ar":
+        return latency, "1.00x"
+    median, low, high = timing.speedup(run)
+    return latency, f"**{median:.2f}x**<br><small>{low:.2f}–{high:.2f}</small>"
+
+
+def timing_table(result: Comparison) -> str:
+    """Markdown: per run, latency and speed-up vs AR (median and range over interleaved repeats, once
+    measured) and tau; then, in a second table, forwards and relaxation cost. Two narrow tables, so both fit
+    a phone's width."""
+    speed = ["| run | latency (ms) | speed-up vs AR | tau |", "|---|---|---|---|"]
+    work = ["| run | target forwards | drafter forwards | relaxation cost |", "|---|---|---|---|"]
     timing = result.timing
-    for run, label, stats in runs:
-        if timing is None:
-            latency = speedup = "measuring…"
-        else:
-            median, low, high = timing.latency(run)
-            latency = f"{1000 * median:.0f} ({1000 * low:.0f}–{1000 * high:.0f})"
-            median, low, high = timing.speedup(run) if run != "ar" else (1.0, 1.0, 1.0)
-            speedup = f"**{median:.2f}x** ({low:.2f}–{high:.2f})" if run != "ar" else "1.00x"
+    for run, label, stats in timing_runs(result):
+        latency, speedup = speed_cells(timing, run)
         if stats is None:  # AR: one target forward per token, no drafts, lossless
-            tokens = result.method.stats.tokens
-            rows.append(f"| {label} | {latency} | {speedup} | 1.00 | {tokens} | 0 | 0 |")
+            speed.append(f"| {label} | {latency} | {speedup} | 1.00 |")
+            work.append(f"| {label} | {result.method.stats.tokens} | 0 | 0 |")
         else:
-            rows.append(f"| {label} | {latency} | {speedup} | {stats.tau:.2f} | {stats.target_forwards} | "
-                        f"{stats.drafter_forwards} | {stats.relaxation_cost:.3f} |")
+            speed.append(f"| {label} | {latency} | {speedup} | {stats.tau:.2f} |")
+            work.append(f"| {label} | {stats.target_forwards} | {stats.drafter_forwards} | "
+                        f"{stats.relaxation_cost:.3f} |")
     if timing is None:
         note = "Latencies are being measured: AR, Eagle-1 and this method, interleaved, in this request."
     else:
@@ -74,7 +127,7 @@ def timing_table(result: Comparison) -> str:
                 f"in this request, on {timing.device} ({timing.dtype}, {timing.steps} steps, {timing.threads} CPU "
                 f"thread{'s' * (timing.threads > 1)}). Speed-up: median AR "
                 "latency / median latency (min–max of the per-repeat ratios). tau: tokens per target forward.")
-    return "\n".join(rows) + f"\n\n<small>{note}</small>"
+    return "\n".join(speed) + "\n\n" + "\n".join(work) + f"\n\n<small>{note}</small>"
 
 
 def grid_of(bundle: Bundle) -> tuple[int, int]:
@@ -110,26 +163,56 @@ def replay_figure(bundle: Bundle, result: Comparison, round_index: int, narrow: 
     return plots.replay(result.images["method"], result.method.stats, grid_of(bundle), round_index, narrow=narrow)
 
 
-def theory_panel(bundle: Bundle, result: Comparison | None, request: Request, source: str, toy_seed: int = 0,
-                 narrow: bool = False):
-    """Exact beta_i, e_i, E[N] and TV bound under the current sliders, for the (p, q) pairs captured along the
-    last Eagle-1 run (each pair evaluated exactly, averaged per position) or for random toy pairs. The figure
-    draws omega_i only for a rule with a schedule."""
+TOY_VOCAB = 64  # tokens of the toy distributions: LANTERN++'s largest k (50) needs 51 neighbours of each token
+TOY_SEED = Param("toy_seed", 0, 2**31 - 1, 0, 1, "toy seed", integer=True)
+
+
+def toy_case(request: Request, toy_seed: int) -> tuple[dict, str]:
+    """The theory table on toy pairs, the rule built for them: LANTERN++ gets the toy tokens' own neighbours."""
+    depth = request.tree.depth
+    p, q = toy_chain(vocab=TOY_VOCAB, length=depth, seed=toy_seed)
+    rule = build_rule(request.method, request.param_dict, depth, toy_neighbours(TOY_VOCAB, toy_seed))
+    return chain_theory(p, q, rule), (f"toy: Dirichlet(0.5) target/draft pairs over {TOY_VOCAB} tokens (seed "
+                                      f"{toy_seed}; LANTERN++'s neighbours: random code vectors, by L2 distance)")
+
+
+def captured_case(capture_bundle: Bundle, result: Comparison, request: Request) -> tuple[dict, str]:
+    """The theory table on the pairs the last Eagle-1 run captured, the rule built for the model that made
+    them (LANTERN++'s neighbours are that model's codes), whichever model is selected now."""
+    depth, made = request.tree.depth, result.request
+    rule = build_rule(request.method, request.param_dict, depth, capture_bundle.neighbours)
+    table = captured_theory(result.eagle.stats.captured, rule, depth)
+    counts = ", ".join(str(n) for n in table["pairs"])
+    note = (f"{len(result.eagle.stats.captured)} (p, q) pairs captured along the last Eagle-1 run (seed "
+            f"{made.seed}, {made.draft}; per position: {counts}); each evaluated exactly under the current rule, "
+            "then averaged per position")
+    if made.model != request.model:
+        note += f"; made with model {plain(made.model)}, not the selected model {plain(request.model)}"
+    return table, note
+
+
+def theory_panel(result: Comparison | None, request: Request, source: str, toy_seed: int = 0,
+                 capture_bundle: Bundle | None = None, narrow: bool = False):
+    """Exact beta_i, e_i, E[N] and TV bound under the current sliders (spec section 4), for the (p, q) pairs
+    captured along the last Eagle-1 run by ``capture_bundle`` (each pair evaluated exactly, averaged per
+    position) or for random toy pairs (also when nothing is generated yet). Returns (figure, table, notes);
+    the figure draws omega_i only for a rule with a schedule."""
     if request.method == "ar":
         raise ValueError("AR drafts nothing: choose a speculative method to see its theory")
-    depth, rule = request.tree.depth, request.rule
-    if source == "toy" or result is None:
-        p, q = toy_chain(vocab=16, length=depth, seed=toy_seed)
-        table = chain_theory(p, q, rule)
-        note = f"toy: Dirichlet(0.5) target/draft pairs over 16 tokens (seed {toy_seed})"
+    notes = []
+    if source == "toy" or result is None or capture_bundle is None:
+        if source != "toy":
+            notes.append(("Nothing generated yet", "these are toy distributions; Generate to see your image's pairs"))
+        table, note = toy_case(request, TOY_SEED.check(toy_seed))
     else:
-        captured = result.eagle.stats.captured
-        table = captured_theory(captured, rule, depth)
-        counts = ", ".join(str(n) for n in table["pairs"])
-        note = (f"{len(captured)} (p, q) pairs captured along the last Eagle-1 run (per position: {counts}); "
-                "each evaluated exactly under the current rule, then averaged per position")
-    shown = table if scheduled(rule) else {**table, "omega": None}
-    return plots.theory(shown, request.label, narrow=narrow), table, note
+        table, note = captured_case(capture_bundle, result, request)
+    notes.append(("Source", note))
+    if request.tree.size > request.tree.depth:
+        notes.append(("A chain, not the tree", f"{request.draft} is a tree, but these are the numbers of a chain of "
+                      f"its depth ({request.tree.depth}), one candidate per position; a tree's siblings give a "
+                      "rejected position more tries, so it accepts more"))
+    shown = table if scheduled(request.rule) else {**table, "omega": None}
+    return plots.theory(shown, request.label, narrow=narrow), table, notes
 
 
 def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -> str:
@@ -145,18 +228,24 @@ def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -
         omegas = omega_schedule(param("delta").check(delta), nu, mu, depth, schedule)
         mu_value = resolve_mu(nu, mu, depth, schedule)
     except ValueError as error:
-        return f"⚠️ *{error}*"
+        return f"⚠️ *{plain(str(error), 600)}*"
     mu_text = f"μ = {mu_value:.4g} (auto: mean ω = δ)" if auto else f"μ = {mu_value:.4g}"
     return f"{mu_text}; ω_1..ω_{depth}: " + ", ".join(f"{w:.2f}" for w in omegas)
 
 
-def theory_markdown(table: dict, note: str) -> str:
-    rows = ["| position i | omega_i | beta_i | e_i | P(reach i) |", "|---|---|---|---|---|"]
-    rows += [f"| {d} | {w:.3f} | {b:.4f} | {e:.4f} | {r:.4f} |"
-             for d, w, b, e, r in zip(table["depth"], table["omega"], table["beta"], table["cost"], table["reach"])]
+def theory_markdown(table: dict, notes: list[tuple[str, str]], schedule: bool = True) -> str:
+    """The theory panel's text: E[N], the TV bound, the notes (Markdown: their user text already escaped), and
+    the table per position (with ``omega_i`` only for a rule that has a schedule)."""
+    omega = ["omega_i"] if schedule else []
+    rows = ["| " + " | ".join(["position i", *omega, "beta_i", "e_i", "P(reach i)"]) + " |",
+            "|---" * (4 + len(omega)) + "|"]
+    for d, w, b, e, r in zip(table["depth"], table["omega"], table["beta"], table["cost"], table["reach"]):
+        rows.append("| " + " | ".join([str(d), *([f"{w:.3f}"] if schedule else []), f"{b:.4f}", f"{e:.4f}",
+                                       f"{r:.4f}"]) + " |")
+    said = "".join(f"*{label}:* {note}.\n\n" for label, note in notes)
     return (f"E[N] = **{table['expected_accepted']:.3f}** accepted drafts per round "
             f"(**{table['expected_tokens']:.3f}** tokens per target forward); TV bound per round = "
-            f"**{table['tv_bound']:.4f}**.\n\n*Source:* {note}.\n\n" + "\n".join(rows))
+            f"**{table['tv_bound']:.4f}**.\n\n{said}" + "\n".join(rows))
 
 
 def load_bench(bundle: Bundle) -> dict:

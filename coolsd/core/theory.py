@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .rules import AcceptanceRule, step_cost
+from .rules import AcceptanceRule, nearest_codes, step_cost
 
 
 def one_step(p: np.ndarray, q: np.ndarray, rule: AcceptanceRule, depth: int = 1) -> dict:
@@ -63,12 +63,21 @@ def captured_theory(captured: list[dict], rule: AcceptanceRule, depth: int) -> d
     return {**table, "pairs": [len(by_depth[d]) for d in reached]}
 
 
-def toy_chain(vocab: int = 16, length: int = 5, seed: int = 0, concentration: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+def toy_chain(vocab: int = 16, length: int = 5, seed: int = 0,
+              concentration: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """Random Dirichlet target/draft pairs per position, for exploring the theory without a model."""
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.full(vocab, concentration), size=length)
     q = rng.dirichlet(np.full(vocab, concentration), size=length)
     return p, q
+
+
+def toy_neighbours(vocab: int = 16, seed: int = 0, dim: int = 8) -> Callable[[int], np.ndarray]:
+    """LANTERN++'s neighbour table for toy distributions, as a bundle gives it (``neighbours(count)``): random
+    unit code vectors drawn from ``seed`` (a stream apart from :func:`toy_chain`'s), neighbours by L2 distance."""
+    codes = np.random.default_rng([seed, 1]).standard_normal((vocab, dim))
+    table = nearest_codes(torch.from_numpy(codes / np.linalg.norm(codes, axis=1, keepdims=True)), vocab - 1)
+    return lambda count: table[:, :count]
 
 
 def solve_scale(expected_accepted: float, make_rule: Callable[[float], AcceptanceRule], p: np.ndarray,

@@ -1,0 +1,134 @@
+"""The explorer's guided tour, independent of Gradio: a few steps, each a setting of the controls and what to
+look at. Every number a step cites is read from the shipped model's study (``bench_results.json``: 91
+configurations x 1,000 images) when the app starts, so the texts cannot drift from the study; what the
+study did not show is said plainly."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..models.bundle import DEFAULT_MODEL
+from .views import plain
+
+STUDY = DEFAULT_MODEL / "bench_results.json"
+CHAIN, TREE = "chain:5", "tree:eagle25"
+COOL2 = "cool:delta=2,nu=0.7,schedule=exp"
+COOL = {"method": "COOL-SD", "delta": 2.0, "nu": 0.7, "mu_auto": True, "schedule": "exp"}
+
+
+@dataclass(frozen=True)
+class TourStep:
+    """One step: its button's title, the control values it sets (by value name, ``session.value_names``),
+    what to look at (``str.format`` fields name numbers of :func:`study_facts`), and whether it generates."""
+
+    title: str
+    values: dict
+    text: str
+    generate: bool = True
+
+
+STEPS = (
+    TourStep("1. Eagle-1 is lossless", {"method": "Eagle-1 (lossless)", "draft": CHAIN}, (
+        "Eagle-1 keeps a drafted token with probability `min(1, p/q)` and resamples a rejection from "
+        "`Norm([p - q]_+)`, so its images follow exactly the target's distribution: both images are the same "
+        "run, and the relaxation cost is 0. In our study (1,000 images of the shipped model), AR minus Eagle-1 "
+        "on chain:5 is {ar_ll} in log-likelihood per token, {ar_fid} in FID and {ar_acc} in class "
+        "consistency: every 95% interval contains 0 (in the **Trade-off** tab the AR point's interval crosses "
+        "the zero line). Yet Eagle-1 emits {eagle_tau} tokens per target forward, {eagle_speedup} AR's speed.")),
+    TourStep("2. Raise delta", {**COOL, "draft": CHAIN}, (
+        "COOL-SD multiplies `p/q` by `omega_i = delta exp(-nu i - mu)` (the line under the sliders): it "
+        "accepts more, faster, at a measured cost. At delta = 2 the study measured tau {cool_tau} against "
+        "Eagle-1's {eagle_tau}, {cool_speedup} AR's speed against {eagle_speedup}, and a drift the study "
+        "resolves: log-likelihood per token {cool_ll} from Eagle-1's (FID {cool_fid}, not resolved). Even "
+        "delta = 1.1 drifts measurably ({cool11_ll}): no COOL-SD setting of the study is indistinguishable "
+        "from Eagle-1. The **Theory** tab bounds the total-variation distance of one round under the current "
+        "sliders: move delta and watch E[N] and the bound grow together.")),
+    TourStep("3. Annealing or uniform?", {"method": "UniformRSD", "delta": 2.0, "draft": CHAIN}, (
+        "UniformRSD relaxes every draft position by the same delta; COOL-SD with mu = auto spends the same "
+        "total relaxation, more of it early. The paper finds annealing better; **on our model the study did "
+        "not show it**. At delta = 2 on chain:5, COOL-SD (nu = 0.7) minus UniformRSD is {ann_tau} in tau and "
+        "{ann_gap} in the log-likelihood's distance from Eagle-1's (FID {ann_fid}). Over the study's "
+        "{ann_pairs} such pairs, COOL-SD's FID was resolved better in {ann_fid_below} and worse in "
+        "{ann_fid_above}, its log-likelihood closer to Eagle-1's in {ann_gap_below} and farther in "
+        "{ann_gap_above}. Choose COOL-SD and Generate to compare the tables.")),
+    TourStep("4. G* or the heuristic residual", {"method": "LANTERN++ with G*", "k": 5, "lambda": 2.0,
+                                                 "draft": CHAIN}, (
+        "LANTERN++ also accepts a draft by the target's mass on its nearest codes. After a rejection the "
+        "published method clears `q` near the refused token (a heuristic); `G*` resamples from the exact "
+        "residual. At k = 5, lambda = 2 on chain:5, the heuristic minus `G*` is {res_fid} in FID (`G*` better, "
+        "resolved) and {res_tau} in tau. Over the study's {res_pairs} pairs, `G*`'s FID was resolved better in "
+        "{res_fid_above} and worse in {res_fid_below}, and the heuristic had the resolved higher tau in "
+        "{res_tau_above}: `G*` improves LANTERN++'s FID in part of the settings on our model, not at every "
+        "k. Choose LANTERN++ (the heuristic) and Generate to compare.")),
+    TourStep("5. Chain or tree", {**COOL, "draft": TREE}, (
+        "A tree drafts several candidates per position (Eagle-1's 25-node tree here), so more tokens pass per "
+        "target forward: tau {eagle_tree_tau} for Eagle-1 on tree:eagle25 against {eagle_tau} on chain:5, "
+        "{cool_tree_tau} against {cool_tau} for COOL-SD delta = 2. But on the study's CPU, verifying 25 nodes "
+        "costs much more than one token, so the speed-up falls: {eagle_tree_speedup} AR's speed for Eagle-1 "
+        "(chain: {eagle_speedup}), {cool_tree_speedup} for COOL-SD (chain: {cool_speedup}). On a GPU at batch "
+        "1 verification costs little more than one token and trees pay off, as in the paper. The **Theory** "
+        "tab gives the numbers of a chain of the tree's depth.")),
+)
+
+
+def interval(difference: dict, digits: int) -> str:
+    return f"{difference['value']:+.{digits}f} [{difference['low']:+.{digits}f}, {difference['high']:+.{digits}f}]"
+
+
+def resolved_count(differences: list[dict], measure: str, above: bool) -> int:
+    """How many paired differences have their whole 95% interval above (or below) zero."""
+    return sum(d[measure]["low"] > 0 if above else d[measure]["high"] < 0 for d in differences)
+
+
+def run_facts(runs: dict, name: str, label: str) -> dict[str, str]:
+    """A run's tau, speed-up over AR and (for a relaxed one) its quality minus Eagle-1's, as ``{name}_...``."""
+    run = runs[label]
+    facts = {f"{name}_tau": f"{run['tau']:.2f}", f"{name}_speedup": f"{run['speedup_vs_ar']:.2f}x"}
+    for measure, key, digits in (("log_likelihood_per_token", "ll", 3), ("fid", "fid", 2),
+                                 ("judge_accuracy", "acc", 3)):
+        if measure in run.get("vs_eagle", {}):
+            facts[f"{name}_{key}"] = interval(run["vs_eagle"][measure], digits)
+    return facts
+
+
+def comparison_facts(study: dict, aspect: str, name: str, a: str, b: str) -> dict[str, str]:
+    """One paired comparison (a minus b) of a claim, as ``{name}_tau`` etc., and how many of the claim's pairs
+    are resolved above or below zero on each measure, as ``{name}_fid_above``, ``{name}_fid_below`` etc."""
+    pairs = [c for c in study["comparisons"] if c["differs_in"] == aspect]
+    chosen = next(c["a_minus_b"] for c in pairs if (c["a"], c["b"]) == (a, b))
+    facts = {f"{name}_pairs": str(len(pairs)), f"{name}_tau": interval(chosen["tau"], 3),
+             f"{name}_gap": interval(chosen["log_likelihood_gap"], 3), f"{name}_fid": interval(chosen["fid"], 2)}
+    for measure, key in (("tau", "tau"), ("log_likelihood_gap", "gap"), ("fid", "fid")):
+        for side in ("above", "below"):
+            facts[f"{name}_{key}_{side}"] = str(resolved_count([c["a_minus_b"] for c in pairs], measure,
+                                                               above=side == "above"))
+    return facts
+
+
+def study_facts(study: dict) -> dict[str, str]:
+    """Every number the steps cite, read from a study's results (an absent one reads "(not in the study)")."""
+    facts: defaultdict[str, str] = defaultdict(lambda: "(not in the study)")
+    try:
+        runs = {run["label"]: run for run in study["runs"]}
+        for name, label in (("ar", "ar"), ("eagle", f"eagle @ {CHAIN}"), ("eagle_tree", f"eagle @ {TREE}"),
+                            ("cool", f"{COOL2} @ {CHAIN}"), ("cool_tree", f"{COOL2} @ {TREE}"),
+                            ("cool11", f"cool:delta=1.1,nu=0.7,schedule=exp @ {CHAIN}")):
+            facts.update(run_facts(runs, name, label))
+        facts.update(comparison_facts(study, "annealing", "ann", f"{COOL2} @ {CHAIN}", f"uniform:delta=2 @ {CHAIN}"))
+        facts.update(comparison_facts(study, "residual", "res", f"lantern:k=5,lambda=2,residual=lantern @ {CHAIN}",
+                                      f"lantern:k=5,lambda=2,residual=gstar @ {CHAIN}"))
+    except (KeyError, StopIteration, TypeError):
+        pass  # a study without these runs: the steps say which numbers it lacks
+    return facts
+
+
+def read_study(path: Path = STUDY) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def step_text(step: TourStep, facts: dict[str, str]) -> str:
+    """A step's text with the study's numbers filled in, under its title."""
+    return f"**{plain(step.title)}**\n\n" + step.text.format_map(facts)
