@@ -139,7 +139,8 @@ the tested drafts, the total-variation distance that step adds (`e = sum [q f - 
 decoding. `mu = auto` makes the mean of `omega_1..omega_L` equal `delta`, so COOL-SD and UniformRSD at the same
 `delta` spend the same total relaxation.
 
-The trade-off figure shows the shipped benchmark; FID differences of about ±1 are noise at 200 images.
+The trade-off figure shows the shipped study: each setting's quality minus Eagle-1's with its paired 95% interval.
+The grey band is the study's measured noise floor (AR minus Eagle-1 on the same images: both sample the target).
 """
 
 
@@ -237,17 +238,17 @@ def stale(result, request: gr.Request | None) -> bool:
     return result is None or not LATEST.current(session_of(request), result.serial)
 
 
-def on_figures(result, metric, request: gr.Request | None = None):
-    """Every figure of the last generation (drawn after the images are on screen), unless a newer one of the
-    session has replaced it meanwhile."""
+def on_figures(result, metric, families=None, narrow=False, request: gr.Request | None = None):
+    """Every figure of the last generation (drawn after the images are on screen; ``narrow``: laid out for a
+    phone), unless a newer one of the session has replaced it meanwhile."""
     if stale(result, request):
-        return [gr.skip()] * 8
-    bundle = bundle_of(result.request)
-    figs = views.figures(bundle, result)
-    theory_fig, theory_md = theory_outputs(result, result.request, "last generation", 0)
+        return [gr.skip()] * 9
+    bundle, narrow = bundle_of(result.request), bool(narrow)
+    figs = views.figures(bundle, result, narrow)
+    theory_fig, theory_md = theory_outputs(result, result.request, "last generation", 0, narrow)
     return (figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
-            views.replay_figure(bundle, result, 0), theory_fig, theory_md,
-            views.tradeoff_figure(bundle, result, metric))
+            views.replay_figure(bundle, result, 0, narrow), theory_fig, theory_md,
+            *tradeoff_outputs(bundle, result, metric, families, narrow))
 
 
 def on_timing(result, request: gr.Request | None = None):
@@ -282,7 +283,7 @@ if spaces is not None:
     measure = spaces.GPU(duration=60)(measure)
 
 
-def theory_outputs(result, request, source, toy_seed):
+def theory_outputs(result, request, source, toy_seed, narrow=False):
     """Figure and table of the theory panel, or (an empty figure, why) where it does not apply. Errors are
     shown in the panel: it follows every slider move, and a toast per move would bury the user. Captured pairs
     are evaluated with the rule of the model that made them."""
@@ -291,7 +292,7 @@ def theory_outputs(result, request, source, toy_seed):
     capture = MODELS.peek(result.request.model) if result is not None else None
     try:
         figure, table, notes = views.theory_panel(
-            result, request, "toy" if source == "toy distributions" else "captured", toy_seed, capture)
+            result, request, "toy" if source == "toy distributions" else "captured", toy_seed, capture, bool(narrow))
     except ValueError as error:
         return None, f"⚠️ {views.plain(str(error), 600)}"
     return figure, views.theory_markdown(table, notes, views.scheduled(request.rule))
@@ -299,8 +300,8 @@ def theory_outputs(result, request, source, toy_seed):
 
 def on_theory(result, *values):
     """Recompute the theory panel when a slider moves (no new generation). ``values``: the controls
-    (``session.value_names`` order), then the (p, q) source and the toy seed."""
-    *controls, source, toy_seed = values
+    (``session.value_names`` order), then the (p, q) source, the toy seed and whether the page is narrow."""
+    *controls, source, toy_seed, narrow = values
     names = session.value_names()
     bundle = MODELS.peek(controls[names.index("model")]) if len(controls) == len(names) else BUNDLE
     if bundle is None:  # a model not loaded yet: the panel follows once it is
@@ -309,7 +310,7 @@ def on_theory(result, *values):
         request = session.parse_controls(bundle, controls)
     except ValueError as error:
         return None, f"⚠️ {views.plain(str(error), 600)}"
-    return theory_outputs(result, request, source, toy_seed)
+    return theory_outputs(result, request, source, toy_seed, narrow)
 
 
 def on_method(method):
@@ -337,14 +338,14 @@ def on_mu_auto(mu_auto, nu, draft, schedule):
     return gr.update(visible=True, value=round(min(max(value, param.low), param.high), 2))
 
 
-def on_replay(result, round_index):
+def on_replay(result, round_index, narrow=False):
     if result is None:
         return gr.skip()
     try:
         index = int(round_index)
     except (TypeError, ValueError):
         return gr.skip()
-    return views.replay_figure(bundle_of(result.request), result, index)
+    return views.replay_figure(bundle_of(result.request), result, index, bool(narrow))
 
 
 def on_play(result):
@@ -567,9 +568,9 @@ def results_panel() -> dict:
             named["per_position"] = gr.Plot(show_label=False)
         with gr.Tab("Accepted lengths"):
             named["lengths"] = gr.Plot(show_label=False)
-        with gr.Tab("Acceptance maps"), gr.Row():
-            named["map_method"] = gr.Plot(show_label=False)
-            named["map_eagle"] = gr.Plot(show_label=False)
+        with gr.Tab("Acceptance maps"), gr.Row():  # side by side; one above the other on a phone
+            named["map_method"] = gr.Plot(show_label=False, min_width=340)
+            named["map_eagle"] = gr.Plot(show_label=False, min_width=340)
         with gr.Tab("Replay"):
             with gr.Row():
                 named["round_slider"] = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="round-slider")
@@ -578,10 +579,27 @@ def results_panel() -> dict:
         with gr.Tab("Theory"):
             named.update(theory_tab())
         with gr.Tab("Trade-off"):
-            named["metric"] = gr.Radio(QUALITY_AXES, value="fid", label="quality axis")
-            named["tradeoff_plot"] = gr.Plot(value=views.tradeoff_figure(BUNDLE, None, "fid"), show_label=False)
-            gr.Markdown(METHOD_NOTES)
+            named.update(tradeoff_tab())
     return named
+
+
+def tradeoff_tab() -> dict:
+    """The study's quality/speed figure: its quietest measure first, the methods at their default parameters
+    (the other series on demand), and a note when the current setting is not on the study's grid."""
+    metric, (choices, shown) = views.default_metric(BUNDLE), views.tradeoff_families(BUNDLE)
+    figure, note = views.tradeoff_panel(BUNDLE, None, metric, shown)
+    named = {"metric": gr.Radio(QUALITY_AXES, value=metric, label="quality axis"),
+             "families": gr.CheckboxGroup(list(choices.items()), value=shown, label="series", elem_id="families"),
+             "tradeoff_plot": gr.Plot(value=figure, show_label=False, elem_id="tradeoff-plot"),
+             "tradeoff_note": gr.Markdown(views.plain(note, 600) if note else "", elem_id="tradeoff-note")}
+    gr.Markdown(METHOD_NOTES)
+    return named
+
+
+def tradeoff_outputs(bundle, result, metric, families, narrow) -> tuple:
+    """The trade-off figure and its note, for the figure's and the note's components."""
+    figure, note = views.tradeoff_panel(bundle, result, metric, families, bool(narrow))
+    return figure, views.plain(note, 600) if note else ""
 
 
 def tour_panel() -> dict:
@@ -613,16 +631,17 @@ def theory_tab() -> dict:
     return named
 
 
-def on_metric(result, metric, model=""):
+def on_metric(result, metric, families, model="", narrow=False):
+    """The trade-off figure and note again, for another quality axis or set of series."""
     bundle = bundle_of(result.request) if result is not None else MODELS.peek(model) or BUNDLE
-    return views.tradeoff_figure(bundle, result, metric)
+    return tradeoff_outputs(bundle, result, metric, families, narrow)
 
 
-MODEL_OUTPUTS = ("model", "class_name", "prompt_box", "top_k", "cfg_scale", "temperature", "top_p", "tradeoff_plot",
-                 "model_state")
+MODEL_OUTPUTS = ("model", "class_name", "prompt_box", "top_k", "cfg_scale", "temperature", "top_p", "metric",
+                 "families", "tradeoff_plot", "tradeoff_note", "model_state")
 
 
-def on_model(choice, previous, metric="fid", progress=None):
+def on_model(choice, previous, narrow=False, progress=None):
     """The model selector: load the chosen model (first use only), then show its class dropdown or prompt box,
     its top-k range, its sampling defaults and its trade-off figure (``MODEL_OUTPUTS``). A model that cannot be
     loaded is a notice, and the selection goes back to ``previous``."""
@@ -633,11 +652,12 @@ def on_model(choice, previous, metric="fid", progress=None):
         gr.Warning(clip(str(error), 400), title="Model not available")
         return (gr.update(value=previous), *[gr.skip()] * (len(MODEL_OUTPUTS) - 2), previous)
     start, text = model_defaults(bundle), session.text_model(bundle)
+    metric, (choices, shown) = views.default_metric(bundle), views.tradeoff_families(bundle)
     return (gr.skip(), gr.update(choices=bundle.class_names, value=start["class_name"], visible=not text),
             gr.update(visible=text), gr.update(maximum=bundle.config.vocab_size, value=start["top_k"]),
-            start["cfg_scale"], start["temperature"], start["top_p"],
-            views.tradeoff_figure(bundle, None, metric if metric in dict(QUALITY_AXES).values() else "fid"),
-            MODELS.key(choice))
+            start["cfg_scale"], start["temperature"], start["top_p"], metric,
+            gr.update(choices=list(choices.items()), value=shown),
+            *tradeoff_outputs(bundle, None, metric, shown, narrow), MODELS.key(choice))
 
 
 def on_reset(model):
@@ -648,6 +668,7 @@ def on_reset(model):
 
 
 RANDOM_SEED = f"() => Math.floor(Math.random() * {PARAMS['seed'].high + 1})"  # in the browser: no endpoint
+NARROW = "() => window.innerWidth < 600"  # a phone: figures drawn for a panel about 360 px wide
 
 
 def ranged_params() -> dict[str, Param]:
@@ -702,9 +723,9 @@ def generation_steps(ui: dict, start: Callable) -> None:
         with_progress(on_generate, session=True), inputs, [ui[name] for name in (
             "image_method", "image_eagle", "timings", "caption", "round_slider", "result")],
         concurrency_id="generate", **PRIVATE).then(
-        on_figures, [ui["result"], ui["metric"]], [ui[name] for name in (
+        on_figures, [ui[name] for name in ("result", "metric", "families", "narrow")], [ui[name] for name in (
             "per_position", "lengths", "map_method", "map_eagle", "replay_plot", "theory_plot", "theory_md",
-            "tradeoff_plot")], trigger_mode="always_last", **PRIVATE).then(
+            "tradeoff_plot", "tradeoff_note")], trigger_mode="always_last", **PRIVATE).then(
         on_timing, ui["result"], [ui["timings"], ui["result"]], concurrency_id="generate", show_progress="minimal",
         trigger_mode="always_last", **PRIVATE)  # "once" would drop a newer request's step while an older one's runs
 
@@ -722,15 +743,17 @@ def wire_generation(demo: gr.Blocks, ui: dict) -> None:
     method_values = [ui[name] for name in session.value_names()
                      if name not in session.COMMON and name not in session.CONDITION]
     gr.on([demo.load] + [control.change for control in (*method_values, ui["source"], ui["toy_seed"])], on_theory,
-          [ui["result"], *inputs, ui["source"], ui["toy_seed"]], [ui["theory_plot"], ui["theory_md"]],
+          [ui["result"], *inputs, ui["source"], ui["toy_seed"], ui["narrow"]], [ui["theory_plot"], ui["theory_md"]],
           show_progress="hidden", trigger_mode="always_last", **PRIVATE)
-    ui["round_slider"].change(on_replay, [ui["result"], ui["round_slider"]], ui["replay_plot"],
+    ui["round_slider"].change(on_replay, [ui["result"], ui["round_slider"], ui["narrow"]], ui["replay_plot"],
                               show_progress="hidden", **PRIVATE)
     ui["play"].click(on_play, ui["result"], ui["round_slider"], **PRIVATE)
-    ui["metric"].change(on_metric, [ui["result"], ui["metric"], ui["model"]], ui["tradeoff_plot"], **PRIVATE)
+    gr.on([ui["metric"].input, ui["families"].input], on_metric,
+          [ui[name] for name in ("result", "metric", "families", "model", "narrow")],
+          [ui["tradeoff_plot"], ui["tradeoff_note"]], **PRIVATE)
     # .select: a dropdown's .input fires twice per choice. Loads have their own queue: a slow or failing download
     # never holds a generation's place (Models.get loads one model at a time anyway).
-    ui["model"].select(with_progress(on_model), [ui["model"], ui["model_state"], ui["metric"]],
+    ui["model"].select(with_progress(on_model), [ui["model"], ui["model_state"], ui["narrow"]],
                        [ui[name] for name in MODEL_OUTPUTS], concurrency_id="load", concurrency_limit=4, **PRIVATE)
     ui["examples"].input(lambda example: (example or gr.skip(), None), ui["examples"],
                          [ui["prompt"], ui["examples"]], **PRIVATE)
@@ -765,7 +788,8 @@ def build_demo() -> Explorer:
     the call gets its controls); ``demo.named`` maps names (value names, outputs) to components."""
     start = defaults()
     with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # image files: an hour
-        named: dict = {"result": gr.State(None), "model_state": gr.State(start["model"])}
+        named: dict = {"result": gr.State(None), "model_state": gr.State(start["model"]),
+                       "narrow": gr.Checkbox(False, visible=False, elem_id="narrow")}  # set in the browser
         gr.Markdown(INTRO)
         named.update(tour_panel())
         with gr.Row():
@@ -775,6 +799,7 @@ def build_demo() -> Explorer:
                 named.update(results_panel())
         named.update(settings)
         demo.named = named
+        demo.load(None, None, named["narrow"], js=NARROW)
         wire_generation(demo, named)
         wire_controls(demo, named, boxes, start)
         gr.api(api_generate, api_name="generate", concurrency_id="generate")

@@ -46,7 +46,7 @@ def generated():
 
 def test_generate_fills_every_output(generated):
     image, eagle_image, table, caption, slider, result = generated
-    per_position, lengths, map_method, map_eagle, replay, theory_fig, theory_md, tradeoff_fig = \
+    per_position, lengths, map_method, map_eagle, replay, theory_fig, theory_md, tradeoff_fig, tradeoff_note = \
         app.on_figures(result, "fid")
     grid = app.BUNDLE.config
     size = app.BUNDLE.image(result.method.tokens).shape
@@ -146,8 +146,8 @@ def test_every_method_runs(generated):
 def test_theory_follows_the_sliders(generated):
     result = generated[5]
     source_args = ("last generation", 0)
-    low = app.on_theory(result, *controls(delta=1.0, nu=0.0, mu_auto=False, mu=0.0), *source_args)
-    high = app.on_theory(result, *controls(delta=4.0), *source_args)
+    low = app.on_theory(result, *controls(delta=1.0, nu=0.0, mu_auto=False, mu=0.0), *source_args, False)
+    high = app.on_theory(result, *controls(delta=4.0), *source_args, False)
     assert isinstance(low[0], Figure)
 
     def expected(md):
@@ -155,9 +155,9 @@ def test_theory_follows_the_sliders(generated):
 
     assert expected(high[1]) > expected(low[1])
     assert "TV bound per round = **0.0000**" in low[1]  # delta=1, nu=0, mu=0 is lossless
-    toy = app.on_theory(None, *controls(), "toy distributions", 3)
+    toy = app.on_theory(None, *controls(), "toy distributions", 3, False)
     assert "toy" in toy[1]
-    skipped = app.on_theory(result, *controls(method="AR (no drafting)"), *source_args)
+    skipped = app.on_theory(result, *controls(method="AR (no drafting)"), *source_args, False)
     assert "AR drafts nothing" in skipped[1]
 
 
@@ -263,9 +263,9 @@ def test_replay_every_round(generated):
 
 def test_theory_is_cleared_for_ar(generated):
     """Switching to AR must not leave the previous method's plot above "AR drafts nothing"."""
-    figure, text = app.on_theory(generated[5], *controls(method="AR (no drafting)"), "last generation", 0)
+    figure, text = app.on_theory(generated[5], *controls(method="AR (no drafting)"), "last generation", 0, False)
     assert figure is None and "AR drafts nothing" in text
-    figure, text = app.on_theory(generated[5], *controls(schedule="linear"), "last generation", 0)
+    figure, text = app.on_theory(generated[5], *controls(schedule="linear"), "last generation", 0, False)
     assert figure is None and "too steep" in text  # shown in the panel, not as a toast per slider move
 
 
@@ -442,7 +442,7 @@ def test_every_figure_of_the_app_is_readable_on_a_phone_and_a_desktop(generated)
     for narrow in (False, True):
         shown = dict(views.figures(bundle, result, narrow=narrow))
         shown["replay"] = views.replay_figure(bundle, result, 1, narrow=narrow)
-        shown["theory"] = views.theory_panel(bundle, result, result.request, "last generation", narrow=narrow)[0]
+        shown["theory"] = views.theory_panel(result, result.request, "captured", 0, bundle, narrow=narrow)[0]
         shown["tradeoff"] = views.tradeoff_panel(bundle, result, narrow=narrow)[0]
         for name, fig in shown.items():
             panel = PHONE_PANEL if narrow else DESKTOP_MAP_PANEL if name.startswith("map") else DESKTOP_PANEL
@@ -453,7 +453,7 @@ def test_every_figure_of_the_app_is_readable_on_a_phone_and_a_desktop(generated)
                                            ("LANTERN++ with G*", False)])
 def test_theory_draws_omega_only_for_a_rule_with_a_schedule(generated, method, omega):
     request = session.parse_controls(app.BUNDLE, controls(method=method))
-    fig, table, _ = views.theory_panel(app.BUNDLE, generated[5], request, "last generation")
+    fig, table, _ = views.theory_panel(generated[5], request, "captured", 0, app.BUNDLE)
     curves = [line for ax in fig.axes for line in ax.get_lines() if "omega" in line.get_label()]
     assert bool(curves) == omega
     if omega:
@@ -498,7 +498,7 @@ def test_an_older_requests_timing_never_replaces_a_newer_one():
     older = generate_in("race", method="COOL-SD", seed=31)[5]
     newer = generate_in("race", method="Eagle-1 (lossless)", seed=32)[5]
     assert app.on_timing(older, browser) == (gr.skip(), gr.skip())
-    assert app.on_figures(older, "fid", browser) == [gr.skip()] * 8
+    assert app.on_figures(older, "fid", None, False, browser) == [gr.skip()] * 9
     table, timed = app.on_timing(newer, browser)
     assert timed.request.label == "Eagle-1 (lossless)" and timed.request.seed == 32 and timed.timing is not None
     assert "Eagle-1 (lossless)" in table and "COOL-SD" not in table and newer.timing is None  # a copy is timed
@@ -540,7 +540,7 @@ def test_theory_of_lantern_on_toy_pairs_uses_the_toy_tokens_neighbours(generated
     from coolsd.core.theory import chain_theory, toy_chain
 
     for label, residual in (("LANTERN++", "lantern"), ("LANTERN++ with G*", "gstar")):
-        figure, text = app.on_theory(generated[5], *controls(method=label, k=50, lam=3.0), "toy distributions", 7)
+        figure, text = app.on_theory(generated[5], *controls(method=label, k=50, lam=3.0), "toy distributions", 7, False)
         assert isinstance(figure, Figure) and "⚠️" not in text
         assert "omega_i" not in text and "| position i | beta_i | e_i | P(reach i) |" in text
         p, q = toy_chain(vocab=views.TOY_VOCAB, length=5, seed=7)
@@ -549,8 +549,8 @@ def test_theory_of_lantern_on_toy_pairs_uses_the_toy_tokens_neighbours(generated
         neighbours = nearest_codes(torch.from_numpy(codes), 51)
         expected = chain_theory(p, q, Lantern(neighbours, k=50, lam=3.0, residual=residual))
         assert f"E[N] = **{expected['expected_accepted']:.3f}**" in text
-    assert "omega_i" not in app.on_theory(None, *controls(method="Eagle-1 (lossless)"), "toy distributions", 0)[1]
-    assert "| position i | omega_i |" in app.on_theory(None, *controls(method="UniformRSD"), "toy distributions", 0)[1]
+    assert "omega_i" not in app.on_theory(None, *controls(method="Eagle-1 (lossless)"), "toy distributions", 0, False)[1]
+    assert "| position i | omega_i |" in app.on_theory(None, *controls(method="UniformRSD"), "toy distributions", 0, False)[1]
 
 
 def test_theory_of_captured_pairs_uses_the_model_that_made_them(generated, tmp_path):
@@ -561,7 +561,7 @@ def test_theory_of_captured_pairs_uses_the_model_that_made_them(generated, tmp_p
     app.MODELS.loaded["tiny-test"] = small
     try:
         selected = controls(method="LANTERN++", model="tiny-test", class_name=small.class_names[0])
-        figure, text = app.on_theory(generated[5], *selected, "last generation", 0)
+        figure, text = app.on_theory(generated[5], *selected, "last generation", 0, False)
         assert isinstance(figure, Figure) and "⚠️" not in text and "omega_i" not in text
         assert "made with model default, not the selected model tiny-test" in text
         direct = views.captured_theory(generated[5].eagle.stats.captured, session.parse_controls(
@@ -572,10 +572,10 @@ def test_theory_of_captured_pairs_uses_the_model_that_made_them(generated, tmp_p
 
 
 def test_theory_says_a_tree_is_computed_as_a_chain_and_shows_toy_pairs_before_any_generation(generated):
-    _, text = app.on_theory(generated[5], *controls(draft="tree:eagle25"), "last generation", 0)
+    _, text = app.on_theory(generated[5], *controls(draft="tree:eagle25"), "last generation", 0, False)
     assert "tree:eagle25 is a tree, but these are the numbers of a chain of its depth (5)" in text
-    assert "numbers of a chain" not in app.on_theory(generated[5], *controls(draft="chain:5"), "last generation", 0)[1]
-    figure, text = app.on_theory(None, *controls(), "last generation", 0)
+    assert "numbers of a chain" not in app.on_theory(generated[5], *controls(draft="chain:5"), "last generation", 0, False)[1]
+    figure, text = app.on_theory(None, *controls(), "last generation", 0, False)
     assert isinstance(figure, Figure) and "Nothing generated yet" in text and "E[N]" in text
 
 

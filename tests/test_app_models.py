@@ -94,11 +94,11 @@ def test_the_cache_check_reads_the_hugging_face_cache(monkeypatch, tmp_path):
 
 
 def test_switching_to_a_text_model_shows_the_prompt_box(model_dir):  # noqa: F811
-    outputs = dict(zip(app.MODEL_OUTPUTS, app.on_model(str(model_dir), models.DEFAULT, "fid", progress=no_progress)))
+    outputs = dict(zip(app.MODEL_OUTPUTS, app.on_model(str(model_dir), models.DEFAULT, False, progress=no_progress)))
     assert outputs["class_name"]["visible"] is False and outputs["prompt_box"]["visible"] is True
     assert outputs["top_k"]["maximum"] == 16 and outputs["cfg_scale"] == 3.0
     assert outputs["model_state"] == str(model_dir)
-    back = dict(zip(app.MODEL_OUTPUTS, app.on_model(models.DEFAULT, str(model_dir), "fid", progress=no_progress)))
+    back = dict(zip(app.MODEL_OUTPUTS, app.on_model(models.DEFAULT, str(model_dir), False, progress=no_progress)))
     assert back["class_name"]["visible"] is True and back["prompt_box"]["visible"] is False
     assert back["class_name"]["choices"] == app.BUNDLE.class_names and back["class_name"]["value"] == "Trouser"
     assert back["top_k"]["maximum"] == app.BUNDLE.config.vocab_size and back["cfg_scale"] == 2.0
@@ -115,6 +115,7 @@ def test_generating_with_a_prompt_fills_every_output(model_dir):  # noqa: F811
     assert result.method.stats.tokens == 16 and "speed-up vs AR" in table
     figures = app.on_figures(result, "fid")
     assert all(isinstance(figure, Figure) for figure in figures[:6]) and figures[7] is None  # no benchmark shipped
+    assert "has no shipped study" in figures[8]
     assert isinstance(app.on_replay(result, 0), Figure)
     assert any(key[0] == str(model_dir) and prompt in key for key in session.EAGLE_CACHE.items)
     table, timed = app.on_timing(result)
@@ -162,7 +163,7 @@ def test_a_bad_model_is_a_readable_error(model, needle):
 
 def test_a_model_that_cannot_load_is_a_notice_and_the_selection_goes_back(broken_dir):
     with pytest.warns(UserWarning, match="could not load model"):
-        outputs = app.on_model(str(broken_dir), models.DEFAULT, "fid", progress=no_progress)
+        outputs = app.on_model(str(broken_dir), models.DEFAULT, False, progress=no_progress)
     named = dict(zip(app.MODEL_OUTPUTS, outputs))
     assert named["model"]["value"] == models.DEFAULT and named["model_state"] == models.DEFAULT
     with pytest.raises(gr.Error) as error:
@@ -303,7 +304,7 @@ def test_a_generation_is_not_delayed_by_slow_model_loads(broken_dir, monkeypatch
         server = type("Server", (), {"url": f"http://127.0.0.1:{port}/"})
         fn = {d["api_name"]: d["id"] for d in demo.config["dependencies"]}
         with ThreadPoolExecutor(max_workers=2) as pool:
-            loads = [pool.submit(ui_call, server, f"loader{i}", fn["on_model"], [str(broken_dir), None, "fid"])
+            loads = [pool.submit(ui_call, server, f"loader{i}", fn["on_model"], [str(broken_dir), None, False])
                      for i in range(2)]
             time.sleep(1.0)  # both loads are under way
             started = time.perf_counter()

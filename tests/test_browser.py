@@ -19,6 +19,7 @@ from gradio_client import Client
 from playwright.sync_api import expect, sync_playwright
 from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_dir: a tiny text-to-image model)
 
+from coolsd.app import plots
 from coolsd.app.session import value_names  # the order of the app's control values
 from coolsd.core.rules import omega_schedule
 
@@ -274,6 +275,10 @@ def test_browser_phone_width(server, browser, tmp_path):
         return plots.filter(p => labels.some(l => l.width > 0 && meet(p, l))).length;
     }""")
     assert labels_over_plots == 0
+    widths = page.evaluate("""() => [...document.querySelectorAll("[data-testid='matplotlib'] img, .matplotlib img")]
+        .filter(i => i.getBoundingClientRect().width > 0).map(i => i.naturalWidth)""")
+    phone_px = round(plots.PHONE_WIDTH * 100)  # the app draws its figures at 100 dpi
+    assert widths and all(abs(w - phone_px) <= 2 for w in widths), f"figures drawn for a desktop at 390 px: {widths}"
     shot = tmp_path / "phone.png"
     screenshot(page, shot)
     assert shot.stat().st_size > 20_000
@@ -313,8 +318,8 @@ GOOD = ["COOL-SD", 2.0, 0.7, "auto", 10, 5.0, "chain:5", "Trouser", 0, 2.0, 1.0,
     ("generate", GOOD[:1] + [10.0] + GOOD[2:], "delta must be between 0.05 and 5"),
     ("generate", ["UniformRSD", 2.0, 9.0] + GOOD[3:], "nu is not a parameter of UniformRSD (it takes: delta)"),
     ("generate", GOOD + ["", "x" * 5_000_000], "prompt is for text-to-image models"),
-    ("on_theory", [None] * 9 + ["tree:huge"] + [None] * 10, "Value: tree:huge is not in the list of choices"),
-    ("on_theory", [None] * 3, "takes 20 values, got 3"),
+    ("on_theory", [None] * 9 + ["tree:huge"] + [None] * 11, "Value: tree:huge is not in the list of choices"),
+    ("on_theory", [None] * 3, "takes 21 values, got 3"),
 ])
 def test_malformed_api_calls_get_one_readable_error_and_one_log_line(server, name, data, needle):
     log_before = server.log.read_text().splitlines()
@@ -353,6 +358,8 @@ def test_server_memory_levels_off_over_ui_generations(server):
     time, 100 generations with varied methods and drafts. Once warm, memory must level off."""
     config = json.loads(urllib.request.urlopen(f"{server.url}config", timeout=30).read())
     fn = {d["api_name"]: d["id"] for d in config["dependencies"]}
+    families = next(c["props"]["value"] for c in config["components"]
+                    if c.get("props", {}).get("elem_id") == "families")
     sessions = [f"memory{i}" for i in range(8)]
     methods = ["COOL-SD", "UniformRSD", "LANTERN++", "Eagle-1 (lossless)"]
     drafts = ["chain:5", "tree:eagle25", "chain:3", "tree:wide57"]
@@ -363,7 +370,7 @@ def test_server_memory_levels_off_over_ui_generations(server):
                   "k": 10, "lambda": 5.0, "draft": drafts[n // 4 % 4], "class_name": "Trouser", "seed": n,
                   "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "model": "default", "prompt": ""}
         ui_call(server, session, fn["on_generate"], [values[name] for name in value_names()])
-        ui_call(server, session, fn["on_figures"], [None, "fid"])
+        ui_call(server, session, fn["on_figures"], [None, "fid", families, False])
         if n % 4 == 0:  # timing repeats every run 5 times: a quarter of the clicks keeps the test short
             ui_call(server, session, fn["on_timing"], [None])
 

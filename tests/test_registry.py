@@ -4,8 +4,8 @@ works in the command line, the benchmark's method specs, the app's controls and 
 import json
 
 import gradio as gr
-import numpy as np
 import pytest
+import torch
 
 from coolsd.app import plots, session
 from coolsd.cli import bench, generate
@@ -28,7 +28,7 @@ class Half(AcceptanceRule):
     def params(self) -> dict:
         return {"strength": self.strength}
 
-    def relaxed_target(self, p: np.ndarray, depth: int) -> np.ndarray:
+    def relaxed_target(self, p: torch.Tensor, depth) -> torch.Tensor:
         return self.strength * p
 
 
@@ -119,7 +119,7 @@ def test_the_app_generates_with_it(half):
     assert result.method.stats.tokens == app.BUNDLE.config.image_tokens
     figures = app.on_figures(result, "fid")
     assert figures[0] is not None and "E[N]" in figures[6]
-    assert "E[N]" in app.on_theory(result, *ordered, "toy distributions", 0)[1]
+    assert "E[N]" in app.on_theory(result, *ordered, "toy distributions", 0, False)[1]
     with pytest.raises(gr.Error, match="strength must be between 1 and 3"):
         app.on_generate(*[{**values, "strength": 4}[name] for name in session.value_names()], progress=no_progress)
     answer = app.api_generate(method="Half-relaxed", seed=1)  # the API's 15 parameters: strength at its default
