@@ -39,6 +39,22 @@ IMPLIED_GOALS = {"Eagle-1": 1.7, "COOL-SD delta=2": 2.3}
 IMAGE_GOAL_S = 0.4  # the paper: 3.72 s on its hardware, AR about 10.1 s
 
 
+def run_tests(out: Path, cuda: bool) -> dict:
+    """The CUDA tests (and, on a GPU, their CPU counterparts too); counts from pytest's JUnit report."""
+    files = ["tests/test_cuda.py"] + (["tests/test_steps.py"] if cuda else [])
+    report = out / "pytest.xml"
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-o",
+                           "addopts=", f"--junitxml={report}", "-rs"], capture_output=True, text=True)
+    suite = ElementTree.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    reasons = sorted({element.get("message", "") for element in suite.iter("skipped")})
+    return {"files": files, **counts, "skip_reasons": reasons, "seconds": time.perf_counter() - began,
+            "ok": done.returncode == 0, "tail": done.stdout[-3000:] if done.returncode else ""}
+
+
 def goals(result: dict) -> list[tuple[str, str, float, bool]]:
     """(quantity, goal, measured, met) for one profile, from its parts and implied speed-ups."""
     parts = {name: part["median_s"] for name, part in result["parts"].items()}

@@ -103,7 +103,8 @@ class TinyWorld:
     def _hidden(self, prefix: Path) -> torch.Tensor:
         """Target features (rows, 1 + len(prefix), dim): ``h_0`` at the class token, ``h_t`` after ``x_t``."""
         tokens = torch.tensor(prefix + (0,))[None].expand(len(self.labels), -1)  # the last token is not read
-        return self.target(self.target.sequence_inputs(self.target.class_prefix(self.labels), tokens), torch.arange(len(prefix) + 1))
+        inputs = self.target.sequence_inputs(self.target.class_prefix(self.labels), tokens)
+        return self.target(inputs, torch.arange(len(prefix) + 1))
 
     @torch.no_grad()
     def _feature(self, prefix: Path, drafted: Path) -> torch.Tensor:

@@ -95,7 +95,6 @@ def test_drafter_tree_matches_uncached_drafter():
     sampling = SamplingConfig(cfg_scale=2.0)
     tree = parse_draft("tree:eagle25").truncated(3)
     rows = 2
-    generator = torch.Generator().manual_seed(0)
     committed = [3, 7, 1]  # x_1..x_3
     features = torch.randn(rows, 3, CFG.dim)  # stand-ins for target features h_0..h_2
     ws = drafting_workspace(bundle, tree, sampling)
@@ -118,9 +117,9 @@ def test_drafter_tree_matches_uncached_drafter():
                 out = drafter(target.tok_embeddings(torch.tensor(toks))[None].expand(rows, -1, -1), feats,
                               torch.arange(len(toks)))
             torch.testing.assert_close(node_features[:, node], out[:, -1], atol=1e-4, rtol=1e-4)
-            if tree.children[node]:
+            if tree.children[node]:  # the draft rows: one per inner node, in node order
                 expected_q = probabilities(target.output(out[:, -1:]), sampling)[0]
-                torch.testing.assert_close(q[node], expected_q, atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(q[tree.inner_nodes.index(node)], expected_q, atol=1e-6, rtol=1e-5)
             assert valid[node]
 
 
@@ -164,7 +163,7 @@ def test_drafted_siblings_are_distinct_draws_of_their_parents_distribution():
         for parent, children in enumerate(tree.children):
             drawn = [int(tokens[c]) for c in children if valid[c]]
             assert len(set(drawn)) == len(drawn)
-            assert all(q[parent, token] > 0 for token in drawn)
+            assert all(q[tree.inner_nodes.index(parent), token] > 0 for token in drawn)
 
 
 def test_llamagen_shapes():

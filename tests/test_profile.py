@@ -3,6 +3,7 @@ the cost model (checked by recomputing them here; no timing is asserted)."""
 
 import json
 
+import pytest
 import torch
 
 from coolsd.cli import bench
@@ -99,3 +100,47 @@ def test_profile_of_a_text_shaped_model_measures_whole_images(tmp_path, monkeypa
     bundle = Bundle(Transformer(config).eval(), Drafter(config).eval(), torch.randn(16, 8))
     result = profile.profile(bundle, SamplingConfig(cfg_scale=2.0), repeats=2, warmup=1, images=1)
     assert list(result["parts"]) == PARTS and result["measured"]["AR"]["tau"] == 1.0
+
+
+READS_PER_AR_IMAGE = 3
+
+
+def test_structure_counts_what_a_round_costs_the_host(monkeypatch):
+    """The structural figures (no timing): rounds run as phases with no host read inside, the few operations and
+    reads between them counted; a planted ``.item()`` inside verification is refused and counted."""
+    from coolsd.cli.profile import structure
+    from coolsd.core import decode as decode_module
+    from coolsd.core.graphs import HostReadError
+    from coolsd.core.rules import AR, Eagle
+
+    tiny = random_bundle("tiny", device="cpu")
+    images = tiny.config.image_tokens
+    ar = structure(tiny, tiny.sampling, "chain:5", AR(), 3)
+    assert ar["rounds"] == images - 1 and ar["phase_runs_per_round"] == 1 and ar["host_reads_in_rounds"] == 0
+    # AR knows every round is needed: one look at the image's length, then the records and the tokens (the
+    # prefill's first token is drawn on the device too)
+    assert ar["host_reads_per_image"] == READS_PER_AR_IMAGE, ar
+    eagle = structure(tiny, tiny.sampling, "chain:5", Eagle(), 3)
+    assert eagle["host_reads_in_rounds"] == 0 and 1 < eagle["phase_runs_per_round"] <= 2
+    # reads: the records and the tokens, and one look at the length per batch of rounds known to be needed
+    assert READS_PER_AR_IMAGE <= eagle["host_reads_per_image"] <= 2 + eagle["rounds"]
+    original = decode_module.walk
+
+    def reads(*args, **kwargs):
+        verdict = original(*args, **kwargs)
+        verdict.count[0].item()
+        return verdict
+
+    monkeypatch.setattr(decode_module, "walk", reads)
+    counted = {}
+    real = structure.__globals__["CountedPhases"]
+
+    class Keep(real):
+        def __init__(self, *args):
+            super().__init__(*args)
+            counted["runner"] = self
+
+    monkeypatch.setattr("coolsd.cli.profile.CountedPhases", Keep)
+    with pytest.raises(HostReadError, match="item"):
+        structure(tiny, tiny.sampling, "chain:5", Eagle(), 3)
+    assert counted["runner"].phase_reads == 1

@@ -300,7 +300,7 @@ def test_walk_sibling_with_tiny_remaining_draft_mass():
     q = torch.tensor([1e-20, 3e-20, 1.0, 1e-21], dtype=torch.float64)
     q /= q.sum()
     verdict = walk(tree.tensors(torch.device("cpu")), torch.tensor([[0, 2, 1]]), torch.ones(1, 3, dtype=torch.bool),
-                   p.expand(1, 3, -1), torch.stack([q, torch.zeros(4), torch.zeros(4)])[None].double(), Eagle(),
+                   p.expand(1, 3, -1), q[None, None], Eagle(),
                    torch.full((1, 4), 0.5, dtype=torch.float64))
     # second sibling: target residual Norm([p - q]_+) = (0.2, 0.05, 0, 0.45)/0.7; q without 2 is (1/4.1e-20)*(...)
     residual = np.array([0.2, 0.05, 0, 0.45]) / 0.7

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..core.decode import Workspace, accept, decode, draft_phase, generate, score, verify_phase
-from ..core.graphs import CheckedPhases
+from ..core.graphs import CheckedPhases, HostReadError
 from ..core.rules import AR, CoolSD, Eagle
 from ..core.sampling import SamplingConfig
 from ..core.stats import time_calls
@@ -164,10 +164,11 @@ class Census(TorchFunctionMode):
 
 class CountedPhases:
     """A phase runner that runs another's phases (the CPU stand-in for CUDA graphs) with ``census`` paused, so
-    the census sees only what happens outside the phases; ``runs`` counts phase runs (a GPU's replays)."""
+    the census sees only what happens outside the phases; ``runs`` counts phase runs (a GPU's replays) and
+    ``phase_reads`` the host reads the stand-in refused inside one (it raises on the first)."""
 
     def __init__(self, inner: CheckedPhases, census: Census) -> None:
-        self.inner, self.census, self.runs = inner, census, 0
+        self.inner, self.census, self.runs, self.phase_reads = inner, census, 0, 0
 
     def workspace(self, key: tuple, build: Callable):
         return self.inner.workspace(key, build)
@@ -179,6 +180,9 @@ class CountedPhases:
         self.census.paused, self.runs = True, self.runs + 1
         try:
             self.inner.run(workspace, name, phase)
+        except HostReadError:
+            self.phase_reads += 1
+            raise
         finally:
             self.census.paused = False
 
@@ -196,7 +200,7 @@ def structure(bundle: Bundle, sampling: SamplingConfig, spec: str, rule, conditi
         result = decode(static.target, static.drafter, condition, rule, tree, sampling, seed, runner=runner)
     rounds = result.stats.target_forwards - 1  # the prefill is not a round
     return {"draft": spec if rule.drafts else "none", "method": rule.name, "rounds": rounds,
-            "phase_runs_per_round": runner.runs / rounds, "host_reads_in_rounds": 0,
+            "phase_runs_per_round": runner.runs / rounds, "host_reads_in_rounds": runner.phase_reads,
             "operations_outside_phases_per_round": census.operations / rounds,
             "host_reads_per_image": census.reads, "host_bytes_per_image": census.read_bytes,
             "host_bytes_per_round": census.read_bytes / rounds}

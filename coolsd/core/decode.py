@@ -11,6 +11,7 @@ round's statistics come back in one copy at the end. Models are used only throug
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from .interface import Drafter, Target
 from .params import check
 from .rules import AcceptanceRule
 from .sampling import SamplingConfig, draw_without_replacement, probabilities, sample
-from .stats import FIRST, GenerationStats, Round, Timer, add_rounds, record_widths
+from .stats import FIRST, RECORD_GROUPS, GenerationStats, Round, Timer, add_rounds, record_widths
 from .trees import DraftTree
 from .verify import TARGET_CODE, Verdict, distributions, walk
 
@@ -68,10 +69,11 @@ class Workspace:
         self.tokens = torch.zeros(images + window, dtype=torch.long, device=device)  # the image, then scratch
         self.n = torch.zeros((), dtype=torch.long, device=device)  # tokens emitted so far
         self.rounds = torch.zeros((), dtype=torch.long, device=device)
+        self.round_index = self.rounds.view(1)  # the records' row of this round
         # the drafted tree, with the walk's leading batch dimension: tokens, validity, draft distributions
         self.node_tokens = torch.zeros(1, nodes, dtype=torch.long, device=device)
         self.node_valid = torch.ones(1, nodes, dtype=torch.bool, device=device)
-        self.q = torch.zeros(1, nodes, target.vocab_size, device=device)  # written at inner nodes
+        self.q = torch.zeros(1, len(tree.inner_nodes), target.vocab_size, device=device)  # one per inner node
         # the (input, feature) pairs the drafter has not seen: the last round's kept nodes and emitted tokens
         self.pending_count = torch.zeros((), dtype=torch.long, device=device)
         self.pending_tokens = torch.zeros(window, dtype=torch.long, device=device)
@@ -81,11 +83,13 @@ class Workspace:
         widths = record_widths(nodes, len(tree.inner_nodes), tree.depth)
         self.records = torch.zeros(images, sum(widths.values()), dtype=torch.float64, device=device)
         self.row = torch.zeros(1, self.records.shape[1], dtype=torch.float64, device=device)  # this round's record
-        bounds = np.cumsum([0, *widths.values()])
-        self.fields = {name: self.row[:, a:b] for name, a, b in zip(widths, bounds, bounds[1:])}
+        bounds = dict(zip(widths, np.cumsum([0, *widths.values()])))
+        self.groups = [record_view(self.row, bounds[group[0]], len(group), widths[group[0]])
+                       for group in RECORD_GROUPS]  # each group's fields, shaped as the round writes them
         if not tree.size:  # an AR step's record: one kept root, its token drawn from the target
             for name, value in (("count", 1), ("origin", TARGET_CODE), ("valid", 1), ("on_path", 1)):
-                self.fields[name].fill_(value)
+                self.row[:, bounds[name]].fill_(value)
+        self.n_view = self.n.view(1)
         shape = (images, window, target.vocab_size)
         self.captured = (torch.zeros(shape, device=device), torch.zeros(shape, device=device)) if capture else None
         self.window_mask = causal(window, device)
@@ -140,15 +144,16 @@ def prefill(ws: Workspace, condition: Any) -> None:
         ws.pending_count.fill_(1)
 
 
-def draft_phase(ws: Workspace) -> None:
+def draft_phase(ws: Workspace, levels: int | None = None) -> None:
     """Catch the drafter up on the pending (input, target feature) pairs (a fixed window, the first
     ``pending_count`` real), then draft the tree depth by depth from its own predicted features: per node the
-    token, its validity and (at inner nodes) the draft distribution its children are drawn from."""
+    token, its validity and (at inner nodes) the draft distribution its children are drawn from. ``levels``
+    (default: every one) stops early where the image surely ends sooner; the deeper nodes are then invalid."""
     with ws.timer.phase("drafting"):
-        draft_tree(ws)
+        draft_tree(ws, ws.tree.depth if levels is None else levels)
 
 
-def draft_tree(ws: Workspace) -> None:
+def draft_tree(ws: Workspace, levels: int) -> None:
     drafter, target, tree, index, rows = ws.drafter, ws.target, ws.tree, ws.index, ws.rows
     cache, count = ws.drafter_cache, ws.pending_count
     root_position = ws.n + target.prefix_length - 1  # the root: the last emitted token, not yet in any cache
@@ -160,20 +165,21 @@ def draft_tree(ws: Workspace) -> None:
     features = ws.node_features
     features[:, :1] = out.index_select(1, (count - 1).reshape(1))
     tokens, valid = ws.node_tokens[0], ws.node_valid[0]
-    tokens[:1] = ws.tokens.index_select(0, (ws.n - 1).reshape(1))
-    for depth, level in enumerate(index["levels"], start=1):
+    for depth, level in enumerate(index["levels"][:levels], start=1):
         nodes = tree.levels[depth]
         q_level = probabilities(target.logits(features[:, level["distinct"]]), ws.sampling)
-        ws.q[0, level["distinct"]] = q_level
+        ws.q[0, level["distinct_inner"]] = q_level
         drawn, drawn_valid = draw_without_replacement(q_level, level["width"], ws.generator)
         tokens[nodes.start:nodes.stop] = drawn.flatten()[level["drawn"]]
         valid[nodes.start:nodes.stop] = drawn_valid.flatten()[level["drawn"]] & valid[level["parents"]]
-        if depth < tree.depth:
+        if depth < levels:
             embeds = drafter.embed(tokens[nodes.start:nodes.stop])[None].expand(rows, -1, -1)
             level_positions = (root_position + depth - 1).clamp_max(ws.last_position).expand(len(nodes))
             mask = None if level["sees_all"] else index["mask"][nodes.start:nodes.stop, 1:nodes.stop]
             features[:, nodes.start:nodes.stop] = drafter(embeds, features[:, level["parents"]], level_positions,
                                                           cache, nodes.start - 1, mask)
+    if levels < tree.depth:
+        valid[tree.levels[levels + 1].start:] = False
 
 
 def verify_phase(ws: Workspace) -> None:
@@ -187,8 +193,7 @@ def score(ws: Workspace) -> None:
     features and logits, kept in the workspace for :func:`accept`."""
     target, tree, index = ws.target, ws.tree, ws.index
     with ws.timer.phase("target_forward"):
-        if not tree.size:  # AR: the root is the last emitted token
-            ws.node_tokens[0].copy_(ws.tokens.index_select(0, (ws.n - 1).reshape(1)))
+        ws.node_tokens[:, :1].copy_(ws.tokens.index_select(0, ws.n_view - 1))  # the root: the last emitted token
         embeds = target.embed(ws.node_tokens).expand(ws.rows, -1, -1)
         positions = (ws.n + target.prefix_length - 1 + index["depths"]).clamp_max(ws.last_position)
         ws.hidden = target(embeds, positions, ws.target_cache, 0, index["mask"] if tree.size else None)
@@ -209,9 +214,9 @@ def accept(ws: Workspace) -> None:
         keep, count = verdict.keep[0], verdict.count[0]
         ws.target_cache.commit(None if tree.is_chain else keep, count)
         record(ws, verdict, valid)
-        if ws.captured is not None:
-            for buffer, rows in zip(ws.captured, (p, q)):
-                buffer.index_copy_(0, ws.rounds.reshape(1), rows[:, keep].float())
+        if ws.captured is not None:  # the (p, q) rows at each kept node (q: its row among the inner nodes)
+            for buffer, rows in zip(ws.captured, (p[:, keep], q[:, index["inner_row"][keep]])):
+                buffer.index_copy_(0, ws.round_index, rows.float())
         ws.tokens.index_copy_(0, ws.n + ws.window_range, verdict.emitted[0])
         if ws.drafter_cache is not None:
             hidden = ws.hidden
@@ -222,15 +227,26 @@ def accept(ws: Workspace) -> None:
         ws.rounds.add_(1)
 
 
+def record_view(row: Tensor, start: int, fields: int, width: int) -> Tensor:
+    """The part of the record row (1, W) where ``fields`` fields of ``width`` start at ``start``: (1, width) for
+    one field, (1, fields) for several scalars, else (1, fields, width)."""
+    part = row[:, start:start + fields * width]
+    return part if fields == 1 or width == 1 else part.view(1, fields, width)
+
+
 def record(ws: Workspace, verdict: Verdict, valid: Tensor) -> None:
-    """This round's record into its row of ``ws.records`` (an AR step's constant fields are set once)."""
-    values = {"start": ws.n, "emitted": verdict.emitted}
+    """This round's record into its row of ``ws.records``, group by group (RECORD_GROUPS); an AR step writes its
+    start and token (its other fields are constants, set once)."""
     if ws.tree.size:
-        values.update(drafted=ws.node_tokens, valid=valid, **{name: getattr(verdict, name) for name in (
-            "count", "origin", "accept_prob", "accepted", "tested", "cost", "level_prob", "on_path")})
-    for name, value in values.items():
-        ws.fields[name].copy_(value)
-    ws.records.index_copy_(0, ws.rounds.reshape(1), ws.row)
+        groups = (torch.stack([ws.n_view, verdict.count, verdict.origin], 1), verdict.emitted, ws.node_tokens,
+                  torch.stack([valid, verdict.accepted, verdict.tested, verdict.on_path], 1),
+                  torch.stack([verdict.accept_prob, verdict.cost], 1), verdict.level_prob)
+        for view, value in zip(ws.groups, groups):
+            view.copy_(value)
+    else:
+        ws.groups[0][:, :1].copy_(ws.n_view)
+        ws.groups[1].copy_(verdict.emitted)
+    ws.records.index_copy_(0, ws.round_index, ws.row)
 
 
 def rounds_needed(remaining: int, depth: int) -> int:
@@ -238,23 +254,27 @@ def rounds_needed(remaining: int, depth: int) -> int:
     return math.ceil(remaining / (depth + 1))
 
 
-def run_rounds(ws: Workspace, runner: PhaseRunner) -> int:
+def run_rounds(ws: Workspace, runner: PhaseRunner) -> tuple[int, int]:
     """Enqueue rounds until the image is done, reading its length only once the known-needed rounds are queued
-    (the one host read between rounds; on CUDA it waits for them). Returns the number of rounds."""
+    (the one host read between rounds; on CUDA it waits for them). Each round emits at least one token, so the
+    host knows a lower bound on the length, and drafts no deeper than the image can still use (a captured
+    drafting phase per depth). Returns the rounds and the drafter levels run."""
     images, depth = ws.target.image_tokens, ws.tree.depth
-    done, emitted = 0, 1
+    done, levels_run, emitted = 0, 0, 1
     while emitted < images:
         batch = rounds_needed(images - emitted, depth)
-        for _ in range(batch):
-            if ws.tree.size:
-                runner.run(ws, "drafting", draft_phase)
+        for at_least in range(emitted, emitted + batch):
+            levels = min(depth, images - at_least - 1)
+            if levels > 0:
+                runner.run(ws, f"drafting:{levels}", functools.partial(draft_phase, levels=levels))
+                levels_run += levels
             runner.run(ws, "verification", verify_phase)
         done += batch
         emitted = int(ws.n)
-    return done
+    return done, levels_run
 
 
-def read_back(ws: Workspace, stats: GenerationStats, rounds: int) -> list[int]:
+def read_back(ws: Workspace, stats: GenerationStats, rounds: int, levels: int) -> list[int]:
     """The image's tokens and every round's statistics, copied from the device once."""
     records = ws.records[:rounds].cpu().numpy()
     tokens = ws.tokens[:ws.target.image_tokens].tolist()
@@ -262,7 +282,7 @@ def read_back(ws: Workspace, stats: GenerationStats, rounds: int) -> list[int]:
     stats.rounds.append(Round(0, [], [], [], {}, tokens[:1], FIRST))
     stats.emit(FIRST)
     add_rounds(stats, records, ws.tree, captured)
-    stats.drafter_forwards = rounds * ws.tree.depth
+    stats.drafter_forwards = levels
     return tokens
 
 
@@ -290,9 +310,9 @@ def decode(target: Target, drafter: Drafter | None, condition: Any, rule: Accept
         ws.reset(seed)
         ws.timer = Timer(events=ws.device.type == "cuda")
         prefill(ws, condition)
-        rounds = run_rounds(ws, runner)
+        rounds, levels = run_rounds(ws, runner)
         phases = ws.timer.finish()  # on CUDA: the one wait for the device's timing events
-        tokens = read_back(ws, stats, rounds)
+        tokens = read_back(ws, stats, rounds, levels)
     stats.seconds = dict(phases, total=time.perf_counter() - began)
     stats.seconds["other"] = stats.seconds["total"] - sum(phases.values())
     return Generation(tokens, stats)

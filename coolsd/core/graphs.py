@@ -31,10 +31,24 @@ class PhaseRunner(Protocol):
 
 
 class EagerPhases:
-    """Each phase as plain Python, a new workspace per image (so concurrent generations share nothing)."""
+    """Each phase as plain Python. Workspaces are kept per thread (the most recent ``KEPT``), so an image reuses
+    the buffers of the last one of its kind while concurrent generations (the app's two images at once on a
+    CPU) share nothing."""
+
+    KEPT = 4
+
+    def __init__(self) -> None:
+        self.local = threading.local()
 
     def workspace(self, key: tuple, build: Callable[[], Any]) -> Any:
-        return build()
+        kept = self.local.__dict__.setdefault("workspaces", OrderedDict())
+        if key in kept:
+            kept.move_to_end(key)
+        else:
+            kept[key] = build()
+            while len(kept) > self.KEPT:
+                kept.popitem(last=False)
+        return kept[key]
 
     def generation(self):
         return nullcontext()
@@ -83,7 +97,8 @@ class KeptPhases:
 
 class CudaGraphPhases(KeptPhases):
     """Each phase of a workspace captured as a CUDA graph on its first call and replayed after: a speculative
-    round is two replays (drafting, verification), an AR step one. The first call is the round itself, run on a
+    round is two replays (drafting, verification; near the image's end, drafting at each shallower depth is
+    its own graph), an AR step one. The first call is the round itself, run on a
     side stream (allocations, cuBLAS workspaces, compilation), then the phase is captured without running.
     Replays are timed as a whole: ``drafting``, and ``target_forward`` for the verification with its walk."""
 
@@ -92,7 +107,7 @@ class CudaGraphPhases(KeptPhases):
     def run(self, workspace: Any, name: str, phase: Phase) -> None:
         graphs = workspace.captured_phases
         if name in graphs:
-            with workspace.timer.phase(self.TIMED.get(name, name)):
+            with workspace.timer.phase(self.TIMED.get(name.split(":")[0], name)):
                 graphs[name].replay()
             return
         timer, workspace.timer = workspace.timer, NullTimer()

@@ -7,7 +7,8 @@ Eagle-1 is ``p_hat = p``; UniformRSD ``delta * p``; COOL-SD ``omega_d * p``; LAN
 On rejection the optimal residual ``G* = Norm([p - a]_+)`` replaces ``p`` unless a rule overrides it.
 Rules are torch code over batched rows: ``p`` and ``q`` are ``(..., V)`` on any device and dtype, a depth is an
 int or a long tensor that broadcasts against ``p[..., :1]`` (one depth per row), so the engine evaluates every
-node of a draft tree at once (on the CPU in float64, where the exactness tests hold to rounding). A new rule is one subclass with ``relaxed_target`` (and ``omega`` if it has a schedule) plus one
+node of a draft tree at once (on the CPU in float64, where the exactness tests hold to rounding). A new rule
+is one subclass with ``relaxed_target`` (and ``omega`` if it has a schedule) plus one
 :func:`register` call with its parameter schema: the command line, the benchmark's method specs, the app's
 controls and the plots read the registry.
 """
@@ -47,7 +48,6 @@ class AcceptanceRule:
 
     name = "eagle"
     drafts = True  # False: the engine drafts nothing, whatever the draft tree (AR)
-    relaxes = False  # True: q f may exceed p somewhere, so a step can cost e > 0 (the walk then computes it)
 
     def params(self) -> dict:
         return {}
@@ -55,6 +55,12 @@ class AcceptanceRule:
     def omega(self, depth: int) -> float:
         """The multiplier on ``r = p/q`` at ``depth`` (1 for rules without one)."""
         return 1.0
+
+    @property
+    def relaxes(self) -> bool:
+        """Whether ``q f`` may exceed ``p`` somewhere (it relaxes the target), so that a step can cost e > 0 and
+        the walk computes it: true of every rule that defines its own relaxed target."""
+        return type(self).relaxed_target is not AcceptanceRule.relaxed_target
 
     def relaxed_target(self, p: Tensor, depth: "Tensor | int") -> Tensor:
         return p
@@ -90,7 +96,6 @@ class UniformRSD(AcceptanceRule):
     """``f = min(1, delta * r)`` at every depth."""
 
     name = "uniform"
-    relaxes = True
 
     def __init__(self, delta: float = 2.0) -> None:  # a class's defaults are its schema's (test_rules checks)
         self.delta = float(number("delta", delta, above=0))
@@ -155,7 +160,6 @@ class CoolSD(AcceptanceRule):
     """``f_d = min(1, omega_d * r)`` with the annealed schedule ``omega_d`` (relax early depths more)."""
 
     name = "cool"
-    relaxes = True
 
     def __init__(self, delta: float = 2.0, nu: float = 0.7, mu: float | str = "auto", depth: int = 5,
                  schedule: str = "exp") -> None:
@@ -195,7 +199,6 @@ class Lantern(AcceptanceRule):
     ``p~ <= lambda * p`` (spec section 3). ``residual="lantern"`` reproduces the published heuristic."""
 
     name = "lantern"
-    relaxes = True
 
     def __init__(self, neighbours: np.ndarray, k: int = 10, lam: float = 5.0, residual: str = "gstar") -> None:
         k, lam = number("k", k, 0, integer=True), number("lambda", lam, 1)

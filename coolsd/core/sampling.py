@@ -13,7 +13,8 @@ from .params import number
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """``cfg_scale`` s mixes ``l_uncond + s * (l_cond - l_uncond)``; ``top_k=0`` and ``top_p=1`` switch filtering off."""
+    """``cfg_scale`` s mixes ``l_uncond + s * (l_cond - l_uncond)``; ``top_k=0`` and ``top_p=1`` switch filtering
+    off."""
 
     cfg_scale: float = 1.0
     temperature: float = 1.0
@@ -40,8 +41,12 @@ class SamplingConfig:
 
 def probabilities(logits: Tensor, cfg: SamplingConfig) -> Tensor:
     """Model logits (rows, ..., V) -> guided, filtered, tempered distributions (..., V) in float32."""
-    logits = logits.float()
-    guided = logits[0] if cfg.rows == 1 else logits[1] + cfg.cfg_scale * (logits[0] - logits[1])
+    logits = logits if logits.dtype == torch.float32 else logits.float()
+    if cfg.rows == 1:
+        guided = logits[0]
+    else:
+        cond, uncond = logits.unbind(0)
+        guided = uncond + cfg.cfg_scale * (cond - uncond)
     if cfg.top_k and cfg.top_k < guided.shape[-1]:
         kth = torch.topk(guided, cfg.top_k, dim=-1).values[..., -1:]
         guided = guided.masked_fill(guided < kth, -math.inf)
@@ -69,6 +74,5 @@ def sample(probs: Tensor, uniforms: Tensor) -> Tensor:
     """One draw per row of a (possibly unnormalised) nonnegative ``probs`` (..., V) by inversion, from
     ``uniforms`` (...) in [0, 1): the first token whose cumulative mass exceeds ``u`` times the total."""
     cumulative = probs.cumsum(-1)
-    index = torch.searchsorted(cumulative, (uniforms * cumulative[..., -1])[..., None].to(cumulative.dtype),
-                               right=True)[..., 0]
+    index = torch.searchsorted(cumulative, uniforms[..., None] * cumulative[..., -1:], right=True)[..., 0]
     return index.clamp_max(probs.shape[-1] - 1)

@@ -10,7 +10,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from torch import Tensor
 
 # Where an image token came from.
 FIRST, DRAFT, RESAMPLED, BONUS, TARGET = "first", "draft", "resampled", "bonus", "target"
@@ -53,8 +52,10 @@ class Round:
 
 # A round's record: what the device keeps of it until the image is done, one float64 row per round (token ids are
 # exact in float64). The fields, with their lengths for N tree nodes (root included), I inner nodes and depth D.
-RECORD_FIELDS = ("start", "count", "origin", "emitted", "drafted", "valid", "accept_prob", "accepted", "tested", "cost",
-                 "level_prob", "on_path")
+RECORD_FIELDS = ("start", "count", "origin", "emitted", "drafted", "valid", "accepted", "tested", "on_path",
+                 "accept_prob", "cost", "level_prob")
+RECORD_GROUPS = (("start", "count", "origin"), ("emitted",), ("drafted",), ("valid", "accepted", "tested", "on_path"),
+                 ("accept_prob", "cost"), ("level_prob",))  # fields of one shape, written together
 
 
 def record_widths(nodes: int, inner: int, depth: int) -> dict[str, int]:

@@ -99,7 +99,8 @@ class DraftTree:
             width = max(ranks) + 1
             sees_all = all(len(self.levels[e]) == 1 for e in range(1, d + 1))  # a chain down to here
             out.append({"parents": parents, "distinct": distinct, "width": width, "sees_all": sees_all,
-                        "drawn": [distinct.index(p) * width + r for p, r in zip(parents, ranks)]})
+                        "drawn": [distinct.index(p) * width + r for p, r in zip(parents, ranks)],
+                        "distinct_inner": [self.inner_nodes.index(p) for p in distinct]})
         return out
 
     @cached_property

@@ -58,7 +58,7 @@ def sibling_tests(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tens
     depth, tiny, inner = index["child_depth"], torch.finfo(p.dtype).tiny, index["inner"]
     if index["absent_children"]:
         tokens, valid = torch.cat([tokens, tokens[:, :1]], 1), torch.cat([valid, valid.new_zeros(len(valid), 1)], 1)
-    current_p, current_q = p[:, inner], q[:, inner]
+    current_p, current_q = p[:, inner], q
     residual = current_p
     accept_prob = p.new_zeros(len(p), p.shape[1] + 1)
     cost = torch.zeros_like(accept_prob)  # a lossless rule's steps cost nothing: left at zero
@@ -85,8 +85,8 @@ def walk(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tensor, rule:
          uniforms: Tensor) -> Verdict:
     """Verify a drafted tree (spec section 3). ``index``: the tree's tensors (``DraftTree.tensors``);
     ``tokens`` (B, N) drafted tokens (node 0: the root); ``valid`` (B, N) which nodes are real drafts;
-    ``p`` (B, N, V) the target's distribution after each node; ``q`` (B, N, V) the draft distribution each
-    node's children were drawn from (read at inner nodes only); ``uniforms`` (B, N + 1) in [0, 1): node i's
+    ``p`` (B, N, V) the target's distribution after each node; ``q`` (B, I, V) the draft distribution each
+    inner node's children were drawn from (inner nodes in node order); ``uniforms`` (B, N + 1) in [0, 1): node i's
     test, then the last token's draw. Rows of ``p`` and ``q`` sum to one (an empty tree: any scale)."""
     if not index["depth"]:  # nothing drafted (AR): one draw from the target
         return target_draw(index, p, uniforms)
