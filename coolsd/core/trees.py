@@ -139,7 +139,8 @@ class DraftTree:
                 "absent_children": any(self.size + 1 in row for row in table),
                 "child_depth": index_tensor([self.depths[n] + 1 for n in inner], device)[:, None],
                 "parent_or_root": index_tensor([max(0, p) for p in self.parent], device),
-                "is_child": to_device(torch.tensor(nodes) > 0, device), "one": index_tensor([1], device)[0]}
+                "is_child": to_device(torch.tensor(nodes) > 0, device), "one": index_tensor([1], device)[0],
+                "siblings": self.width > 1}
 
     def walk_matrices(self, device: torch.device, dtype: torch.dtype) -> dict:
         """The tree as 0/1 matrices over nodes, so the walk finds its path with products: earlier siblings

@@ -96,8 +96,11 @@ def walk(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tensor, rule:
 
     # a child is chosen when accepted with no earlier sibling accepted; a node is kept when every edge from the
     # root down to it was chosen (tree constants as 0/1 matrices: small products, whatever the outcome)
-    blocked = (accepted.to(dtype) @ index["earlier_siblings"]) > 0
-    chosen = accepted & ~blocked
+    if index["siblings"]:
+        blocked = (accepted.to(dtype) @ index["earlier_siblings"]) > 0
+        chosen = accepted & ~blocked
+    else:  # no node has an earlier sibling: nothing is blocked
+        chosen = accepted
     on_path = (~chosen).to(dtype) @ index["path_edges"] == 0  # (B, N)
     count = on_path.sum(-1)
     kept_ids = on_path.to(dtype) * index["node_ids"]
@@ -108,7 +111,9 @@ def walk(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tensor, rule:
     emitted = tokens.gather(1, keep.roll(-1, 1)).scatter_(1, count[:, None] - 1, final[:, None])
     resamples = ((valid.to(dtype) @ index["child_of"]) > 0).gather(1, end)[:, 0]  # a valid child was refused
     origin = torch.where(resamples, RESAMPLED_CODE, TARGET_CODE - (end[:, 0] > 0).long())
-    tested = on_path.index_select(1, index["parent_or_root"]) & valid & ~blocked[:, :-1] & index["is_child"]
+    tested = on_path.index_select(1, index["parent_or_root"]) & valid & index["is_child"]
+    if index["siblings"]:
+        tested &= ~blocked[:, :-1]
     return Verdict(count, emitted, keep, origin, on_path, tests.accept_prob, accepted[:, :-1], tested, tests.cost,
                    tests.level_prob)
 

@@ -83,7 +83,7 @@ class RotaryTable:
                              torch.stack([-sin, sin], dim=-1).flatten(-2).to(positions.device), swap.to(positions.device))
         shape = (len(positions), *([1] * inner_dims), -1)
         cos, sin, swap = self.expanded
-        return cos[positions].view(shape), sin[positions].view(shape), swap
+        return cos.index_select(0, positions).view(shape), sin.index_select(0, positions).view(shape), swap
 
 
 def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor, Tensor]) -> Tensor:
@@ -91,7 +91,7 @@ def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor, Tensor]) -> Tensor:
     ``(x0 cos - x1 sin, x1 cos + x0 sin)`` per pair, in float32, cast back."""
     cos, sin, swap = rope
     x32 = x if x.dtype == torch.float32 else x.float()
-    out = x32 * cos + x32[..., swap] * sin
+    out = x32 * cos + x32.index_select(-1, swap) * sin
     return out if out.dtype == x.dtype else out.type_as(x)
 
 
