@@ -124,3 +124,11 @@ def test_threads_default_to_one_and_follow_the_environment(monkeypatch):
     finally:
         torch.set_num_threads(before)
         threadpool_limits(limits=before, user_api="blas")
+
+
+def test_timing_repeats_follow_the_environment():
+    from coolsd.app.session import timing_repeats
+    assert timing_repeats({}) == 5 and timing_repeats({"COOLSD_TIMING_REPEATS": " 2 "}) == 2
+    for bad in ("0", "21", "two", "1.5"):
+        with pytest.raises(ValueError, match="COOLSD_TIMING_REPEATS"):
+            timing_repeats({"COOLSD_TIMING_REPEATS": bad})

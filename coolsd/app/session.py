@@ -17,7 +17,7 @@ import torch
 
 from ..core.decode import Generation, generate
 from ..core.params import PROMPT_CHARS as PROMPT_CHARS  # the prompt box's limit (app.py)
-from ..core.params import Choice, Param, check, check_prompt, shorten
+from ..core.params import Choice, Param, check, check_prompt, number, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig
 from ..core.trees import TREES, DraftTree, chain, parse_draft
@@ -27,7 +27,16 @@ from ..models.steps import default_mode
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES]
 COMMON = ("draft", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")  # after the method's values
 CONDITION = ("model", "prompt")  # last: the chosen model (a key of coolsd.app.models) and a text model's prompt
-TIMING_REPEATS = 5
+
+
+def timing_repeats(environ: Mapping[str, str] = os.environ) -> int:
+    """The interleaved repeats behind the page's timing table: ``COOLSD_TIMING_REPEATS`` (1 to 20), else 5.
+    Fewer keep a slow or shared machine responsive; more narrow the ranges."""
+    text = environ.get("COOLSD_TIMING_REPEATS", "").strip()
+    return 5 if not text else int(number("COOLSD_TIMING_REPEATS", text, 1, 20, integer=True))
+
+
+TIMING_REPEATS = timing_repeats()
 
 
 def choice(name: str, value, options) -> str:
