@@ -25,6 +25,8 @@ from coolsd.core.rules import omega_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_TIMING_REPEATS = 2
+# ms: a generation may queue behind earlier pages' timings still running in the server's two generate slots
+WAIT_MS = 180000
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -130,10 +132,11 @@ def generate_and_wait(page, timings: bool = True) -> float:
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_function(
         "before => { const s = [...document.querySelectorAll('.pixelated img')].map(e => e.src);"
-        " return s.length == 2 && s.every((x, i) => x && x !== before[i]); }", arg=before, timeout=60000)
+        " return s.length == 2 && s.every((x, i) => x && x !== before[i]); }", arg=before, timeout=WAIT_MS)
     seconds = time.perf_counter() - started
     page.wait_for_function(f"before => {{ const s = {PLOT_IMAGES};"
-                           " return s.length > 0 && s[0] && s[0] !== before[0]; }", arg=plots_before, timeout=60000)
+                           " return s.length > 0 && s[0] && s[0] !== before[0]; }", arg=plots_before,
+                           timeout=WAIT_MS)
     if timings:
         expect(page.locator("#timings")).to_contain_text(f"of {TEST_TIMING_REPEATS} interleaved repeats",
                                                           timeout=120000)
