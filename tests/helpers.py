@@ -195,3 +195,16 @@ def small_texts(fig: Figure, panel: float) -> list[tuple[str, float]]:
     fig.canvas.draw()
     return [(t.get_text(), round(on_screen_px(t, fig, panel), 1)) for t in shown_texts(fig)
             if on_screen_px(t, fig, panel) < 10]
+
+
+def plant_host_read(monkeypatch) -> None:
+    """A planted fault: the acceptance walk reads its count into Python (a host read inside verification)."""
+    from coolsd.core import decode as decode_module
+    original = decode_module.walk
+
+    def reads(*args, **kwargs):
+        verdict = original(*args, **kwargs)
+        verdict.count[0].item()
+        return verdict
+
+    monkeypatch.setattr(decode_module, "walk", reads)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from helpers import plant_host_read
 
 from coolsd.cli import bench
 from coolsd.models.bundle import random_bundle
@@ -109,7 +110,6 @@ def test_structure_counts_what_a_round_costs_the_host(monkeypatch):
     """The structural figures (no timing): rounds run as phases with no host read inside, the few operations and
     reads between them counted; a planted ``.item()`` inside verification is refused and counted."""
     from coolsd.cli.profile import structure
-    from coolsd.core import decode as decode_module
     from coolsd.core.graphs import HostReadError
     from coolsd.core.rules import AR, Eagle
 
@@ -124,14 +124,7 @@ def test_structure_counts_what_a_round_costs_the_host(monkeypatch):
     assert eagle["host_reads_in_rounds"] == 0 and 1 < eagle["phase_runs_per_round"] <= 2
     # reads: the records and the tokens, and one look at the length per batch of rounds known to be needed
     assert READS_PER_AR_IMAGE <= eagle["host_reads_per_image"] <= 2 + eagle["rounds"]
-    original = decode_module.walk
-
-    def reads(*args, **kwargs):
-        verdict = original(*args, **kwargs)
-        verdict.count[0].item()
-        return verdict
-
-    monkeypatch.setattr(decode_module, "walk", reads)
+    plant_host_read(monkeypatch)
     counted = {}
     real = structure.__globals__["CountedPhases"]
 

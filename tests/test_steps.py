@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import chi_square_pvalue
+from helpers import chi_square_pvalue, plant_host_read
 from test_laws import CLASS_ID, LAW_CASES, expected_law
 from test_laws import bundle as law_bundle  # noqa: F401  (a fixture)
 from torch.overrides import TorchFunctionMode
@@ -127,13 +127,7 @@ def test_checked_phases_catch_a_host_read_and_a_shape_that_moves(shipped, monkey
     change between rounds (a graph replays the first round's)."""
     graphs, _ = graph_like(shipped)
     original = decode_module.walk
-
-    def reads(*args, **kwargs):
-        verdict = original(*args, **kwargs)
-        verdict.count[0].item()
-        return verdict
-
-    monkeypatch.setattr(decode_module, "walk", reads)
+    plant_host_read(monkeypatch)
     with pytest.raises(HostReadError, match="item"):
         generate(graphs, 4, Eagle(), parse_draft("chain:5"), seed=1)
     monkeypatch.setattr(decode_module, "walk", original)
