@@ -119,7 +119,7 @@ def test_drafter_tree_matches_uncached_drafter():
             torch.testing.assert_close(node_features[:, node], out[:, -1], atol=1e-4, rtol=1e-4)
             if tree.children[node]:  # the draft rows: one per inner node, in node order
                 expected_q = probabilities(target.output(out[:, -1:]), sampling)[0]
-                torch.testing.assert_close(q[tree.inner_nodes.index(node)], expected_q, atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(q[tree.inner_nodes.index(node)].float(), expected_q, atol=1e-6, rtol=1e-5)
             assert valid[node]
 
 

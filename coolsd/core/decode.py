@@ -73,7 +73,8 @@ class Workspace:
         # the drafted tree, with the walk's leading batch dimension: tokens, validity, draft distributions
         self.node_tokens = torch.zeros(1, nodes, dtype=torch.long, device=device)
         self.node_valid = torch.ones(1, nodes, dtype=torch.bool, device=device)
-        self.q = torch.zeros(1, len(tree.inner_nodes), target.vocab_size, device=device)  # one per inner node
+        # one per inner node, in the acceptance dtype (drafting's float32 rows are converted as they are stored)
+        self.q = torch.zeros(1, len(tree.inner_nodes), target.vocab_size, dtype=self.dtype, device=device)
         # the (input, feature) pairs the drafter has not seen: the last round's kept nodes and emitted tokens
         self.pending_count = torch.zeros((), dtype=torch.long, device=device)
         self.pending_tokens = torch.zeros(window, dtype=torch.long, device=device)
@@ -156,7 +157,7 @@ def draft_phase(ws: Workspace, levels: int | None = None) -> None:
 def draft_tree(ws: Workspace, levels: int) -> None:
     drafter, target, tree, index, rows = ws.drafter, ws.target, ws.tree, ws.index, ws.rows
     cache, count = ws.drafter_cache, ws.pending_count
-    root_position = ws.n + target.prefix_length - 1  # the root: the last emitted token, not yet in any cache
+    root_position = ws.n + (target.prefix_length - 1)  # the root: the last emitted token, not yet in any cache
     inputs = drafter.embed(ws.pending_tokens)[None].expand(rows, -1, -1)
     positions = (root_position - count + ws.window_range).clamp_max(ws.last_position)
     out = drafter(inputs, ws.pending_features, positions, cache, 0, ws.window_mask)
@@ -164,6 +165,7 @@ def draft_tree(ws: Workspace, levels: int) -> None:
 
     features = ws.node_features
     features[:, :1] = out.index_select(1, (count - 1).reshape(1))
+    level_positions = (root_position + ws.window_range[:levels]).clamp_max(ws.last_position)  # depth d: root + d - 1
     tokens, valid = ws.node_tokens[0], ws.node_valid[0]
     for depth, level in enumerate(index["levels"][:levels], start=1):
         nodes = tree.levels[depth]
@@ -174,10 +176,10 @@ def draft_tree(ws: Workspace, levels: int) -> None:
         valid[nodes.start:nodes.stop] = drawn_valid.flatten()[level["drawn"]] & valid[level["parents"]]
         if depth < levels:
             embeds = drafter.embed(tokens[nodes.start:nodes.stop])[None].expand(rows, -1, -1)
-            level_positions = (root_position + depth - 1).clamp_max(ws.last_position).expand(len(nodes))
+            positions = level_positions[depth - 1:depth].expand(len(nodes))
             mask = None if level["sees_all"] else index["mask"][nodes.start:nodes.stop, 1:nodes.stop]
-            features[:, nodes.start:nodes.stop] = drafter(embeds, features[:, level["parents"]], level_positions,
-                                                          cache, nodes.start - 1, mask)
+            features[:, nodes.start:nodes.stop] = drafter(embeds, features[:, level["parents"]], positions, cache,
+                                                          nodes.start - 1, mask)
     if levels < tree.depth:
         valid[tree.levels[levels + 1].start:] = False
 
@@ -208,7 +210,7 @@ def accept(ws: Workspace) -> None:
         p = probabilities(ws.logits, ws.sampling)[None].to(ws.dtype)
         valid = ws.node_valid & (index["depths"] < ws.target.image_tokens - ws.n)  # nothing past the image's end
         if tree.size:
-            p, q = distributions(p), distributions(ws.q.to(ws.dtype))
+            p, q = distributions(p), distributions(ws.q)
         verdict = walk(index, ws.node_tokens, valid, p, q if tree.size else p, ws.rule,
                        ws.uniforms(1, tree.size + 2))
         keep, count = verdict.keep[0], verdict.count[0]

@@ -25,12 +25,17 @@ from torch import Tensor
 
 from .params import PARAMS, Choice, Param, number, shorten
 
+# No draft deeper than this is ever useful (acceptance decays geometrically with depth), and a chain's paths,
+# levels and mask grow quadratically with its length (chain:20000 took 31 s and 3.4 GB), so absurd lengths are
+# refused before anything is built (coolsd.core.trees), and per-depth tables stop here.
+MAX_DRAFT_DEPTH = 1024
+
 
 def normalise(mass: Tensor, fallback: Tensor) -> Tensor:
     """Each row's ``mass / sum(mass)``, or ``fallback``'s row where the mass is (numerically) zero (spec
     section 3)."""
     total = mass.sum(-1, keepdim=True)
-    return torch.where(total > 1e-12, mass / total.clamp_min(torch.finfo(mass.dtype).tiny), fallback)
+    return torch.where(total > 1e-12, mass / total, fallback)  # rows with no mass take the fallback's row
 
 
 def step_cost(p: Tensor, accepted: Tensor) -> Tensor:
@@ -178,8 +183,9 @@ class CoolSD(AcceptanceRule):
             return self.omega(depth) * p
         key = (p.device, p.dtype)  # omega by depth on the rows' device (index 0 unused; deeper: omega_D)
         if key not in self.tables:
-            self.tables[key] = torch.tensor(self.omegas[:1] + self.omegas, dtype=p.dtype, device=p.device)
-        return self.tables[key][depth.clamp_max(self.depth)] * p
+            padded = self.omegas[:1] + self.omegas + self.omegas[-1:] * max(0, MAX_DRAFT_DEPTH - self.depth)
+            self.tables[key] = torch.tensor(padded, dtype=p.dtype, device=p.device)
+        return self.tables[key].index_select(0, depth.reshape(-1)).view(depth.shape) * p
 
 
 def nearest_codes(codebook: Tensor, count: int, chunk: int = 2048) -> np.ndarray:

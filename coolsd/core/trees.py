@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from .params import number, shorten
+from .rules import MAX_DRAFT_DEPTH
 from .transfer import index_tensor, to_device
+from .verify import BONUS_CODE, TARGET_CODE
 
 Path = tuple[int, ...]
 
@@ -134,7 +136,7 @@ class DraftTree:
         return {"depths": index_tensor(self.depths, device), "inner": run_or_tensor(inner, device),
                 "mask": to_device(self.ancestor_mask, device), "levels": levels, "depth": self.depth,
                 "inner_row": index_tensor([inner.index(n) if n in inner else 0 for n in nodes], device),
-                "rank_children": [index_tensor([row[rank] for row in table], device) for rank in range(self.width)]
+                "rank_children": [run_or_tensor([row[rank] for row in table], device) for rank in range(self.width)]
                 if inner else [], "inner_index": index_tensor(inner, device),
                 "absent_children": any(self.size + 1 in row for row in table),
                 "child_depth": index_tensor([self.depths[n] + 1 for n in inner], device)[:, None],
@@ -145,7 +147,10 @@ class DraftTree:
     def walk_matrices(self, device: torch.device, dtype: torch.dtype) -> dict:
         """The tree as 0/1 matrices over nodes, so the walk finds its path with products: earlier siblings
         ``[s, c]`` and path edges ``[j, v]`` (``j`` a non-root node on the root-to-``v`` path), both with a row
-        for the sink; children ``[c, n]`` (``n`` is ``c``'s parent), node ids, and each node's depth one-hot."""
+        for the sink; children ``[c, n]`` (``n`` is ``c``'s parent); each node's depth; ``kept_columns``, whose
+        product with a path lists its nodes by depth, then each depth's successor, then counts its nodes and its
+        drafts; the origin of a last token drawn from ``p`` at each node (the root: the target's own draw,
+        deeper: a bonus token)."""
         n = self.size + 1
         earlier, children = torch.zeros(n, n, dtype=dtype), torch.zeros(n, n, dtype=dtype)
         for node in range(1, n):
@@ -156,11 +161,18 @@ class DraftTree:
         edges[0] = 0
         # the walk's flags carry a sink column N (absent children): never an earlier sibling, never on a path
         earlier, edges = F.pad(earlier, (0, 1, 0, 1)), F.pad(edges, (0, 0, 0, 1))
-        by_depth = torch.zeros(n, self.depth + 1, dtype=dtype)
-        by_depth[torch.arange(n), torch.tensor(self.depths)] = 1
+        window = self.depth + 1
+        kept_columns = torch.zeros(n, 2 * window + 2, dtype=dtype)
+        for node, depth in enumerate(self.depths):
+            kept_columns[node, depth] = node  # the kept node at each depth
+            if depth:
+                kept_columns[node, window + depth - 1] = node  # the kept node one depth below each depth
+        kept_columns[:, -2], kept_columns[1:, -1] = 1, 1  # the count of kept nodes, and of kept drafts
+        leaf_origin = torch.tensor([TARGET_CODE] + [BONUS_CODE] * (n - 1))  # the last token, drawn from p there
         return {name: to_device(value, device) for name, value in (
             ("earlier_siblings", earlier), ("path_edges", edges), ("child_of", children),
-            ("node_ids", torch.arange(n, dtype=dtype)), ("by_depth", by_depth))}
+            ("depth_of", torch.tensor(self.depths, dtype=dtype)), ("kept_columns", kept_columns),
+            ("leaf_origin", leaf_origin))}
 
     def truncated(self, max_depth: int) -> "DraftTree":
         """The same tree cut at ``max_depth`` (used near the end of the image)."""
@@ -203,12 +215,6 @@ TREES: dict[str, tuple[Path, ...]] = {
     # A wider 57-node depth-5 tree of the kind LANTERN++ uses (11, 15, 20, 5, 6 nodes per depth).
     "wide57": rank_budget_tree((10, 4, 3, 1, 1)),
 }
-
-
-# No draft deeper than this is ever useful (acceptance decays geometrically with depth), and a chain's paths,
-# levels and mask grow quadratically with its length (chain:20000 took 31 s and 3.4 GB), so absurd lengths are
-# refused before anything is built, even when the model's own bound is not known.
-MAX_DRAFT_DEPTH = 1024
 
 
 def usable_depth(image_tokens: int) -> int:

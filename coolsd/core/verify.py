@@ -54,7 +54,8 @@ def sibling_tests(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tens
     """Each child's ``f`` and step cost against the residual its earlier siblings left, with ``q`` renormalised
     without them. A node's invalid children come last in draw order (zero-probability draws), so once a rank is
     not live, no later one is: only ``f`` and the final residual need the mask. Ranks where some inner node has
-    no child read the sink column N (token 0, never live)."""
+    no child read the sink column N (token 0, never live). A rank's children are a slice where they are a run
+    (a chain's), so reading and writing them costs no index kernel."""
     depth, tiny, inner = index["child_depth"], torch.finfo(p.dtype).tiny, index["inner"]
     if index["absent_children"]:
         tokens, valid = torch.cat([tokens, tokens[:, :1]], 1), torch.cat([valid, valid.new_zeros(len(valid), 1)], 1)
@@ -62,23 +63,25 @@ def sibling_tests(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tens
     residual = current_p
     accept_prob = p.new_zeros(len(p), p.shape[1] + 1)
     cost = torch.zeros_like(accept_prob)  # a lossless rule's steps cost nothing: left at zero
+    ranks = index["rank_children"]
     none_accepted = None
-    for rank, child in enumerate(index["rank_children"]):
-        y = tokens.index_select(1, child)[..., None]  # (B, I, 1)
-        live = valid.index_select(1, child)
+    for rank, child in enumerate(ranks):
+        y = tokens[:, child, None]  # (B, I, 1)
+        live = valid[:, child]
         mass = rule.accepted_mass(current_p, current_q, depth)
         f = (mass.gather(-1, y) / current_q.gather(-1, y).clamp_min(tiny))[..., 0] * live
-        accept_prob.index_copy_(1, child, f)  # absent children all write to the sink N
+        accept_prob[:, child] = f  # absent children all write to the sink N
         if rule.relaxes:
-            cost.index_copy_(1, child, step_cost(current_p, mass))
-        none_accepted = 1 - f if none_accepted is None else none_accepted * (1 - f)
+            cost[:, child] = step_cost(current_p, mass)
+        if len(ranks) > 1:
+            none_accepted = 1 - f if none_accepted is None else none_accepted * (1 - f)
         current_p = rule.residual(current_p, current_q, y[..., 0], depth, mass)
         residual = torch.where(live[..., None], current_p, residual)
-        if rank + 1 < len(index["rank_children"]):
+        if rank + 1 < len(ranks):
             rest = current_q.scatter(-1, y, 0.0)
             current_q = rest / rest.sum(-1, keepdim=True).clamp_min(tiny)
     final_law = p.index_copy(1, index["inner_index"], residual)
-    return SiblingTests(accept_prob, cost, 1 - none_accepted, final_law)
+    return SiblingTests(accept_prob, cost, f if len(ranks) == 1 else 1 - none_accepted, final_law)
 
 
 def walk(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tensor, rule: AcceptanceRule,
@@ -101,16 +104,19 @@ def walk(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tensor, rule:
         chosen = accepted & ~blocked
     else:  # no node has an earlier sibling: nothing is blocked
         chosen = accepted
-    on_path = (~chosen).to(dtype) @ index["path_edges"] == 0  # (B, N)
-    count = on_path.sum(-1)
-    kept_ids = on_path.to(dtype) * index["node_ids"]
-    keep = (kept_ids @ index["by_depth"]).long()  # one kept node per depth, root first
-    end = kept_ids.amax(-1, keepdim=True).long()  # the deepest kept node (ids grow with depth)
+    # on the path: all of its edges chosen (their number is the node's depth)
+    on_path = chosen.to(dtype) @ index["path_edges"] == index["depth_of"]  # (B, N)
+    # one product with the tree's columns gives, per depth, the kept node and the next depth's, and the count
+    depths = index["depth"] + 1
+    kept = (on_path.to(dtype) @ index["kept_columns"]).long()
+    keep, keep_next, count, last = kept[:, :depths], kept[:, depths:2 * depths], kept[:, -2], kept[:, -1:]
+    end = keep.amax(-1, keepdim=True)  # the deepest kept node (ids grow with depth)
     final_law = tests.final_law.gather(1, end[..., None].expand(-1, -1, p.shape[-1]))[:, 0]
     final = sample(final_law, uniforms[:, -1])
-    emitted = tokens.gather(1, keep.roll(-1, 1)).scatter_(1, count[:, None] - 1, final[:, None])
-    resamples = ((valid.to(dtype) @ index["child_of"]) > 0).gather(1, end)[:, 0]  # a valid child was refused
-    origin = torch.where(resamples, RESAMPLED_CODE, TARGET_CODE - (end[:, 0] > 0).long())
+    emitted = tokens.gather(1, keep_next).scatter_(1, last, final[:, None])  # drafts, then the last token
+    # the last token was resampled where the deepest kept node had a valid child (refused), else drawn from p
+    refused = (valid.to(dtype) @ index["child_of"]).gather(1, end)[:, 0]
+    origin = index["leaf_origin"].index_select(0, end[:, 0]) * (refused == 0)
     tested = on_path.index_select(1, index["parent_or_root"]) & valid & index["is_child"]
     if index["siblings"]:
         tested &= ~blocked[:, :-1]
