@@ -363,14 +363,14 @@ def rss_mb(pid: int) -> float:
 
 def test_server_memory_levels_off_over_ui_generations(server):
     """Generate and figures (and timing for every tenth), as browsers run them: 8 sessions, 2 clients at a
-    time, 100 generations with varied methods and drafts. Once warm, memory must level off."""
+    time, 60 generations with varied methods and drafts. Once warm, memory must level off."""
     config = json.loads(urllib.request.urlopen(f"{server.url}config", timeout=30).read())
     fn = {d["api_name"]: d["id"] for d in config["dependencies"]}
     families = next(c["props"]["value"] for c in config["components"]
                     if c.get("props", {}).get("elem_id") == "families")
     sessions = [f"memory{i}" for i in range(8)]
     methods = ["COOL-SD", "UniformRSD", "LANTERN++", "Eagle-1 (lossless)"]
-    drafts = ["chain:5", "tree:eagle25", "chain:3", "tree:wide57"]
+    drafts = ["chain:5", "tree:eagle25", "chain:3", "chain:4"]  # tree:wide57 would double the test's time
 
     def one_generation(n: int) -> None:
         session = sessions[n % len(sessions)]
@@ -384,16 +384,15 @@ def test_server_memory_levels_off_over_ui_generations(server):
 
     rss = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for batch in range(10):
+        for batch in range(6):
             list(pool.map(one_generation, range(10 * batch, 10 * batch + 10)))
             rss[10 * batch + 10] = rss_mb(server.process.pid)
     print("server RSS after UI generations:", ", ".join(f"{n}: {mb:.0f} MB" for n, mb in rss.items()))
-    # The reported leak grew by about 3.7 MB per generation, a thread per request by about 1.5 MB: 60 MB over the
-    # 40 generations compared here. RSS still climbs until about 60 generations (three fresh-clone runs: 547 ... 589,
-    # 608, 608; 558 ... 612, 617, 617; 532 ... 562, 576, 585 MB at 50, 60, 70), then moves by about +-10 MB with
-    # allocation noise (519, 522, 541, 558, 554, 561, 547, 557, 547, 569 per 10 over 100): compare means of two
-    # points after 50 with two at the end.
-    warm, late = (rss[50] + rss[60]) / 2, (rss[90] + rss[100]) / 2
+    # The reported leak grew by about 3.7 MB per generation, a thread per request by about 1.5 MB: 100 MB over the
+    # 20 generations compared here. RSS still climbs while the first workspaces, caches and sessions fill (one run
+    # alone, 2026-12-02, 100 generations: 564, 586, 583, 610, 614, 616, 629, 635, 629, 630 MB per 10), then moves
+    # by about +-10 MB with allocation noise: compare the means of two points after 20 with the last two.
+    warm, late = (rss[30] + rss[40]) / 2, (rss[50] + rss[60]) / 2
     assert late - warm < 40, rss
 
 

@@ -13,9 +13,9 @@ from coolsd.models.config import ModelConfig
 # 4 codes, 5 tokens: 1,024 possible images, enumerated exactly.
 ENUM_CFG = ModelConfig(vocab_size=4, dim=16, n_layer=1, n_head=2, num_classes=2, grid_height=1, grid_width=5,
                        multiple_of=16)
-# tests/test_laws.py checks every rule's law as well. At 4,000 images the deliberately wrong residual below is
-# rejected at p ~ 1e-83 with a quarter of that, and UniformRSD delta=4 at p below 1e-300 with 1,000.
-SAMPLES = 4_000
+# tests/test_laws.py checks every rule's law as well (and catches every planted fault tried). At 1,000 images the
+# deliberately wrong residual below is rejected at p ~ 1e-83, and UniformRSD delta=4 at p below 1e-300.
+SAMPLES = 2_000
 ALPHA = 1e-3  # a correct sampler fails with probability 0.1%; the seeds are fixed, so the outcome is too
 # Depth 3 with siblings; with top_k=3 over 4 codes the fourth root child is always invalid.
 SMALL_TREE = DraftTree(((0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0)), "small")

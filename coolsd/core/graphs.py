@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, Callable, Protocol
 
 import torch
@@ -31,27 +31,44 @@ class PhaseRunner(Protocol):
 
 
 class EagerPhases:
-    """Each phase as plain Python. Workspaces are kept per thread (the most recent ``KEPT``), so an image reuses
-    the buffers of the last one of its kind while concurrent generations (the app's two images at once on a
-    CPU) share nothing."""
+    """Each phase as plain Python. Idle workspaces are pooled by kind (the ``KEPT`` most recent kinds, at most
+    ``IDLE`` of each): a generation takes one for its image and gives it back when it ends, so concurrent
+    generations (the app's two images at once on a CPU) share nothing, and memory grows with the generations
+    running at once, not with the threads that ever ran one."""
 
-    KEPT = 4
+    KEPT, IDLE = 8, 2
 
     def __init__(self) -> None:
+        self.idle: OrderedDict[tuple, list] = OrderedDict()
+        self.lock = threading.Lock()
         self.local = threading.local()
 
     def workspace(self, key: tuple, build: Callable[[], Any]) -> Any:
-        kept = self.local.__dict__.setdefault("workspaces", OrderedDict())
-        if key in kept:
-            kept.move_to_end(key)
-        else:
-            kept[key] = build()
-            while len(kept) > self.KEPT:
-                kept.popitem(last=False)
-        return kept[key]
+        with self.lock:
+            pool = self.idle.get(key)
+            workspace = pool.pop() if pool else None
+        workspace = build() if workspace is None else workspace
+        taken = getattr(self.local, "taken", None)
+        if taken is not None:  # inside generation(): given back when it ends
+            taken.append((key, workspace))
+        return workspace
 
+    @contextmanager
     def generation(self):
-        return nullcontext()
+        outer = getattr(self.local, "taken", None)
+        self.local.taken = []
+        try:
+            yield
+        finally:
+            taken, self.local.taken = self.local.taken, outer
+            with self.lock:
+                for key, workspace in taken:
+                    pool = self.idle.setdefault(key, [])
+                    self.idle.move_to_end(key)
+                    if len(pool) < self.IDLE:
+                        pool.append(workspace)
+                while len(self.idle) > self.KEPT:
+                    self.idle.popitem(last=False)
 
     def run(self, workspace: Any, name: str, phase: Phase) -> None:
         phase(workspace)
