@@ -22,7 +22,7 @@ from coolsd.core.rules import (
 )
 from coolsd.core.theory import one_step
 from coolsd.core.trees import DraftTree, parse_draft
-from coolsd.core.verify import walk
+from coolsd.core.verify import BONUS_CODE, RESAMPLED_CODE, TARGET_CODE, walk
 
 V = 12
 RNG = np.random.default_rng(0)
@@ -307,3 +307,33 @@ def test_walk_sibling_with_tiny_remaining_draft_mass():
     q_rest = np.array([1e-20, 3e-20, 0, 1e-21]) / 4.1e-20
     assert float(verdict.accept_prob[0, 2]) == pytest.approx(min(1, residual[1] / q_rest[1]), rel=1e-9)
     assert float(verdict.accept_prob[0, 1]) == pytest.approx(0.3, rel=1e-9)
+
+
+@pytest.mark.parametrize("paths, valid, uniforms, kept, tested, origin", [
+    # chain of 2: every draft accepted, then a bonus token below the leaf
+    (((0,), (0, 0)), [1, 1, 1], [0.0, 0.0, 0.0], [0, 1, 2], [1, 2], BONUS_CODE),
+    # chain of 2: the first draft refused, the last token resampled at the root
+    (((0,), (0, 0)), [1, 1, 1], [0.0, 0.999, 0.0], [0], [1], RESAMPLED_CODE),
+    # chain of 2, the second draft invalid (past the image's end): a bonus below the first
+    (((0,), (0, 0)), [1, 1, 0], [0.0, 0.0, 0.0], [0, 1], [1], BONUS_CODE),
+    # nothing valid: the target's own draw at the root
+    (((0,), (0, 0)), [1, 0, 0], [0.0, 0.0, 0.0], [0], [], TARGET_CODE),
+    # two siblings: the first refused, the second accepted, its child refused (resampled below the second)
+    (((0,), (1,), (1, 0)), [1, 1, 1, 1], [0.0, 0.999, 0.0, 0.999], [0, 2], [1, 2, 3], RESAMPLED_CODE),
+])
+def test_walk_keeps_the_path_and_names_the_last_tokens_origin(paths, valid, uniforms, kept, tested, origin):
+    """Outcomes forced by the uniforms (0 accepts, 0.999 refuses f < 1): the kept nodes, the tested ones, the
+    count, the emitted drafts and where the last token came from, as the spec's walk defines them."""
+    tree = DraftTree(paths)
+    n = tree.size + 1
+    p = torch.full((1, n, 3), 1 / 3, dtype=torch.float64)
+    q = torch.tensor([0.9, 0.05, 0.05], dtype=torch.float64).expand(1, len(tree.inner_nodes), 3)
+    tokens = torch.tensor([[2] + [rank for *_, rank in paths]])  # node i draws token = its rank (q(0) = 0.9)
+    verdict = walk(tree.tensors(torch.device("cpu")), tokens, torch.tensor([valid], dtype=torch.bool), p, q,
+                   Eagle(), torch.tensor([uniforms + [0.5]], dtype=torch.float64))
+    assert int(verdict.count[0]) == len(kept)
+    assert verdict.keep[0, :len(kept)].tolist() == kept and not verdict.keep[0, len(kept):].any()
+    assert verdict.on_path[0].nonzero().flatten().tolist() == kept
+    assert verdict.tested[0].nonzero().flatten().tolist() == tested
+    assert verdict.emitted[0, :len(kept) - 1].tolist() == tokens[0, kept[1:]].tolist()
+    assert int(verdict.origin[0]) == origin
