@@ -162,12 +162,12 @@ class DraftTree:
         # the walk's flags carry a sink column N (absent children): never an earlier sibling, never on a path
         earlier, edges = F.pad(earlier, (0, 1, 0, 1)), F.pad(edges, (0, 0, 0, 1))
         window = self.depth + 1
-        kept_columns = torch.zeros(n, 2 * window + 2, dtype=dtype)
+        columns = [[0] * (2 * window) + [1, int(node > 0)] for node in range(n)]  # then count nodes, and drafts
         for node, depth in enumerate(self.depths):
-            kept_columns[node, depth] = node  # the kept node at each depth
+            columns[node][depth] = node  # the kept node at each depth
             if depth:
-                kept_columns[node, window + depth - 1] = node  # the kept node one depth below each depth
-        kept_columns[:, -2], kept_columns[1:, -1] = 1, 1  # the count of kept nodes, and of kept drafts
+                columns[node][window + depth - 1] = node  # the kept node one depth below each depth
+        kept_columns = torch.tensor(columns, dtype=dtype)
         leaf_origin = torch.tensor([TARGET_CODE] + [BONUS_CODE] * (n - 1))  # the last token, drawn from p there
         return {name: to_device(value, device) for name, value in (
             ("earlier_siblings", earlier), ("path_edges", edges), ("child_of", children),
