@@ -107,16 +107,16 @@ def walk(index: dict, tokens: Tensor, valid: Tensor, p: Tensor, q: Tensor, rule:
     # on the path: all of its edges chosen (their number is the node's depth)
     on_path = chosen.to(dtype) @ index["path_edges"] == index["depth_of"]  # (B, N)
     # one product with the tree's columns gives, per depth, the kept node and the next depth's, and the count
-    depths = index["depth"] + 1
+    window = index["depth"] + 1
     kept = (on_path.to(dtype) @ index["kept_columns"]).long()
-    keep, keep_next, count, last = kept[:, :depths], kept[:, depths:2 * depths], kept[:, -2], kept[:, -1:]
+    keep, keep_next, count, last = kept[:, :window], kept[:, window:2 * window], kept[:, -2], kept[:, -1:]
     end = keep.amax(-1, keepdim=True)  # the deepest kept node (ids grow with depth)
     final_law = tests.final_law.gather(1, end[..., None].expand(-1, -1, p.shape[-1]))[:, 0]
     final = sample(final_law, uniforms[:, -1])
     emitted = tokens.gather(1, keep_next).scatter_(1, last, final[:, None])  # drafts, then the last token
     # the last token was resampled where the deepest kept node had a valid child (refused), else drawn from p
     refused = (valid.to(dtype) @ index["child_of"]).gather(1, end)[:, 0]
-    origin = index["leaf_origin"].index_select(0, end[:, 0]) * (refused == 0)
+    origin = index["leaf_origin"].index_select(0, end[:, 0]) * (refused == 0)  # zeroed: RESAMPLED_CODE (0)
     tested = on_path.index_select(1, index["parent_or_root"]) & valid & index["is_child"]
     if index["siblings"]:
         tested &= ~blocked[:, :-1]
