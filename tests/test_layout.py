@@ -18,7 +18,7 @@ PACKAGE = ROOT / "coolsd"
 ALLOWED = {
     "core": ({"core"}, {"torch", "numpy"}),
     "models": ({"core", "models"}, {"torch", "numpy", "safetensors", "huggingface_hub", "transformers",
-                                    "threadpoolctl"}),
+                                    "threadpoolctl", "yaml"}),  # yaml: the Chameleon VQGAN's official config
     "toy": ({"core", "models", "toy", "distill"}, {"torch", "numpy", "safetensors", "torchmetrics", "tqdm", "PIL"}),
     "distill": ({"core", "models", "distill"}, {"torch", "numpy", "safetensors", "tqdm"}),
     "app": ({"core", "models", "app"}, {"torch", "numpy", "matplotlib", "PIL"}),

@@ -68,7 +68,7 @@ def model_info(model: str | None, random_init: str | None) -> ModelInfo:
     described = model_file(model) if model else None
     if described is not None:
         spec = read_spec(described)
-        config = registry_config(spec)
+        config = registry_config(spec, described.parent)
         return ModelInfo(config, class_names(spec, config))
     path = Path(model) if model else DEFAULT_MODEL
     if not (path / "config.json").is_file():

@@ -29,6 +29,15 @@ class Prefix:
         return self.embeds.shape[1]
 
 
+@dataclass(frozen=True)
+class PositionRules:
+    """Per generated position t (0 = the first generated token): ``kinds`` (T,) long, each position's kind;
+    ``allowed`` (K, V) bool, the tokens each kind allows (a forced position's kind allows exactly one)."""
+
+    kinds: Tensor
+    allowed: Tensor
+
+
 class Cache(Protocol):
     """A model's key/value cache: committed positions, then a pending area a forward writes after them.
     ``commit(keep, count)`` appends the first ``count`` pending positions ``keep`` lists (indices into the
@@ -42,12 +51,15 @@ class Cache(Protocol):
 
 @runtime_checkable
 class Target(Protocol):
-    """The target model ``P``."""
+    """The target model ``P``. ``position_rules`` (spec section 8): None when every token may be drawn at every
+    position; else what each generated position allows (structural tokens, image codes only), applied by the
+    sampling transform to ``p`` and ``q`` alike. ``image_tokens`` counts every generated position."""
 
     prefix_length: int  # P
-    image_tokens: int  # tokens per image
+    image_tokens: int  # generated positions per image, structural ones included
     vocab_size: int
     device: torch.device
+    position_rules: PositionRules | None
 
     def prefix(self, condition: Any, rows: int) -> Prefix:
         """The condition's prefix for ``rows`` rows (row 1, if asked for, is the unconditional input)."""

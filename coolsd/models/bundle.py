@@ -212,8 +212,40 @@ def load_extras(path: Path, config: ModelConfig) -> dict[str, Any]:
     return found
 
 
-def load_model_json(path: Path, device: str | None = None) -> Bundle:
-    """A LlamaGen-family model (target, optional drafter, VQ-16 decoder, optional T5) as a Bundle."""
+LUMINA_TEMPLATE = "Generate an image of {size}x{size} according to the following prompt:\n{prompt}<reserved08706>"
+DEFAULT_TEMPLATES = {"lumina": LUMINA_TEMPLATE, "anole": "{prompt}"}  # Lumina-mGPT's README; LANTERN's Anole
+
+
+def load_chameleon_json(spec: dict, path: Path, device: str | None = None, dtype: torch.dtype | None = None) -> Bundle:
+    """A Chameleon-family model (target from its Hugging Face directory, VQGAN decoder, optional LANTERN
+    drafter, the directory's tokenizer) as a Bundle; the target is read straight onto the device."""
+    from .chameleon import PromptEncoder, image_ids, load_chameleon, load_tokenizer, read_vocabulary
+    from .chameleon_drafter import load_chameleon_drafter
+    from .chameleon_vq import ChameleonImage, load_vqgan
+
+    base, device = path.parent, pick_device(device)
+    model_dir = resolve(spec["model"], base, True)
+    target = load_chameleon(model_dir, int(spec.get("image_size", 768)), spec.get("layout", "lumina"),
+                            int(spec.get("prefix_slots", 256)), device, dtype)
+    config = target.config
+    drafter = load_chameleon_drafter(resolve(spec["drafter"], base, True), config, target.lm_head.weight.dtype) \
+        if spec.get("drafter") else None
+    vocabulary = read_vocabulary(model_dir, json.loads((model_dir / "config.json").read_text()))
+    image = ChameleonImage(load_vqgan(resolve(spec["vqgan"], base), resolve(spec["vqgan_config"], base)), config,
+                           image_ids(vocabulary))
+    template = spec.get("prompt_template") or DEFAULT_TEMPLATES[config.layout].replace("{size}",
+                                                                                      str(config.image_size))
+    bundle = Bundle(target, drafter, image.codebook, name=spec.get("name", base.name), class_names=[],
+                    sampling=SamplingConfig(**spec.get("sampling", {})), decoder=image, info=spec, path=base,
+                    text_encoder=PromptEncoder(load_tokenizer(model_dir), config, template))
+    return bundle.to(device)
+
+
+def load_model_json(path: Path, device: str | None = None, dtype: torch.dtype | None = None) -> Bundle:
+    """A model.json model as a Bundle: LlamaGen-family (target, optional drafter, VQ-16 decoder, optional T5),
+    or Chameleon-family (:func:`load_chameleon_json`)."""
+    if read_spec(path)["family"] == "chameleon":
+        return load_chameleon_json(read_spec(path), path, device, dtype)
     from .lantern import load_lantern_drafter
     from .llamagen import load_llamagen_gpt
     from .vq16 import load_vq16
@@ -241,7 +273,7 @@ def load_bundle(path: str | Path | None = None, device: str | None = None, dtype
     of our bundle directories, or a ``model.json`` model or preset (:mod:`coolsd.models.registry`)."""
     described = model_file(path) if path else None
     if described is not None:
-        bundle = load_model_json(described, device)
+        bundle = load_model_json(described, device, dtype)
         return bundle.to(bundle.device, dtype or (torch.bfloat16 if bundle.device.type == "cuda" else None))
     path = Path(path) if path else DEFAULT_MODEL
     if not (path / "config.json").exists():

@@ -303,6 +303,8 @@ class Transformer(nn.Module):
     """The target model: ``P`` prefix positions (a class token, or caption slots), then image token ``i`` at
     position ``P + i`` (spec sections 5 and 7)."""
 
+    position_rules = None  # every token may be drawn at every position (spec section 8)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg

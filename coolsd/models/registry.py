@@ -12,6 +12,15 @@ never the other way round).
      "vq_args": {"codebook_size", "codebook_embed_dim", "encoder_ch_mult", "decoder_ch_mult", "z_channels"},
      "class_names": [...] or "imagenet", "sampling": {"cfg_scale", "temperature", "top_k", "top_p"}}
 
+    {"family": "chameleon",
+     "model": "<HF model directory or hf:// id>",     (config.json + safetensors shards, as published)
+     "vqgan": "<vqgan.ckpt>", "vqgan_config": "<vqgan.yaml>",
+     "drafter": "<LANTERN drafter directory>",          (optional)
+     "image_size": 768, "prompt_template": "<text with {prompt}>",
+     "sampling": {"cfg_scale", "temperature", "top_k", "top_p"},
+     "layout": "lumina" | "anole", "prefix_slots": 256,                         (optional; these defaults)
+     "model_config": {the config.json fields that shape the decoder}}           (optional: read without files)
+
 A file is a path relative to the ``model.json`` (or absolute), or ``hf://owner/repo/path/in/repo`` (a directory:
 ``hf://owner/repo``), fetched with ``huggingface_hub`` into its cache; ``HF_HUB_OFFLINE=1`` is honoured.
 """
@@ -25,7 +34,11 @@ from .config import ModelConfig
 
 PRESETS = Path(__file__).resolve().parents[2] / "assets" / "models"
 HUB = "hf://"
-FAMILIES = ("llamagen",)
+FAMILIES = ("llamagen", "chameleon")
+REQUIRED = {"llamagen": ("gpt", "vq", "model_args", "vq_args"), "chameleon": ("model", "vqgan", "vqgan_config")}
+# the files of each family: (field, is a directory)
+FILES = {"llamagen": (("gpt", False), ("vq", False), ("drafter", True), ("t5", True)),
+         "chameleon": (("model", True), ("vqgan", False), ("vqgan_config", False), ("drafter", True))}
 EXAMPLE_PROMPTS = (  # for text models: the app's examples and the benchmark's conditions, in turn
     "A photo of a red fox sitting in fresh snow.",
     "A bowl of ramen with a soft-boiled egg, top view.",
@@ -67,14 +80,23 @@ def read_spec(path: Path) -> dict:
         raise ValueError(f"unreadable model file {path}: {error}") from None
     if spec.get("family") not in FAMILIES:
         raise ValueError(f"{path}: family must be one of {', '.join(FAMILIES)}, got {spec.get('family')!r}")
-    for key in ("gpt", "vq", "model_args", "vq_args"):
+    for key in REQUIRED[spec["family"]]:
         if key not in spec:
             raise ValueError(f"{path}: missing field {key!r}")
     return spec
 
 
-def model_config(spec: dict) -> ModelConfig:
-    """Our config of the target a ``model.json`` describes (read without any weights)."""
+def model_config(spec: dict, base: Path | None = None):
+    """Our config of the target a ``model.json`` describes (read without any weights): LlamaGen's from its
+    ``model_args``; a Chameleon model's from ``model_config``, else its directory's ``config.json`` (``base``:
+    the directory of the ``model.json``)."""
+    if spec["family"] == "chameleon":
+        from .chameleon import config_from_hf
+        meta = spec.get("model_config")
+        if meta is None:
+            meta = json.loads(resolve(spec["model"].rstrip("/") + "/config.json", base or Path(".")).read_text())
+        return config_from_hf(meta, int(spec.get("image_size", 768)), spec.get("layout", "lumina"),
+                              int(spec.get("prefix_slots", 256)))
     from .llamagen import config_from_args
     return config_from_args(spec["model_args"])
 
@@ -114,7 +136,7 @@ def hub_references(spec: dict) -> list[tuple[str, bool]]:
     """A ``model.json``'s hub references as (value, is a directory): files and directories given as ``hf://``,
     and a T5 given as a bare hub id (``owner/name``)."""
     refs = []
-    for key, directory in (("gpt", False), ("vq", False), ("drafter", True), ("t5", True)):
+    for key, directory in FILES[spec.get("family", "llamagen")]:
         value = spec.get(key)
         if isinstance(value, str) and value.startswith(HUB):
             refs.append((value, directory))
