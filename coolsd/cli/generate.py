@@ -159,8 +159,9 @@ def generate_image(argv: list[str] | None) -> int:
     if args.out:
         pixels = bundle.image(result.tokens)
         save_image(pixels, args.out, scale_for(pixels, args.scale))
-    if args.stats:
-        args.stats.write_text(json.dumps(result.stats.to_dict(), indent=1) + "\n")
+    if args.stats:  # the generated tokens too, structural ones included, in generation order
+        record = {**result.stats.to_dict(), "image_tokens": [int(t) for t in result.tokens]}
+        args.stats.write_text(json.dumps(record, indent=1) + "\n")
     stats = result.stats
     print(f"{stats.method} {stats.params} draft={stats.draft}: tau={stats.tau:.3f} "
           f"target_forwards={stats.target_forwards} drafter_forwards={stats.drafter_forwards} "

@@ -60,6 +60,8 @@ class Workspace:
         nodes, window, images = tree.size + 1, tree.depth + 1, target.image_tokens
         self.device, self.dtype = device, acceptance_dtype(device)
         self.index = tree.tensors(device, self.dtype)
+        rules = getattr(target, "position_rules", None)  # constrained positions (spec section 8), or None
+        self.rules = rules.padded(window + 1, device) if rules is not None else None
         self.last_position = target.prefix_length + images - 1  # positions past the image are clamped (unused)
         max_len = target.prefix_length + images + tree.size
         self.target_cache = target.new_cache(rows, max_len)
@@ -114,6 +116,10 @@ class Workspace:
     def uniforms(self, *shape: int) -> Tensor:
         return torch.rand(shape, generator=self.generator, dtype=self.dtype, device=self.device)
 
+    def allowed(self, offsets: Tensor) -> Tensor | None:
+        """(T, V): what generated positions ``n + offsets`` allow, for a constrained model; else None."""
+        return self.rules.allowed_at(self.n + offsets) if self.rules is not None else None
+
 
 def prefill(ws: Workspace, condition: Any) -> None:
     """Score the condition's P prefix positions and draw the first image token from the last one. The drafter
@@ -128,7 +134,8 @@ def prefill(ws: Workspace, condition: Any) -> None:
         ws.target_cache.commit(None, length)
         logits = target.logits(hidden[:, -1:])
     with ws.timer.phase("acceptance"):
-        first = sample(distributions(probabilities(logits, ws.sampling).to(ws.dtype)), ws.uniforms(1))
+        first_probs = probabilities(logits, ws.sampling, ws.allowed(ws.window_range[:1]))  # n is 0
+        first = sample(distributions(first_probs.to(ws.dtype)), ws.uniforms(1))
         ws.tokens[:1] = first
         ws.n.fill_(1)
     if ws.drafter_cache is None:
@@ -166,10 +173,12 @@ def draft_tree(ws: Workspace, levels: int) -> None:
     features = ws.node_features
     features[:, :1] = out.index_select(1, (count - 1).reshape(1))
     level_positions = (root_position + ws.window_range[:levels]).clamp_max(ws.last_position)  # depth d: root + d - 1
+    level_allowed = ws.allowed(ws.window_range[:levels])  # depth d's tokens: generated position n + d - 1
     tokens, valid = ws.node_tokens[0], ws.node_valid[0]
     for depth, level in enumerate(index["levels"][:levels], start=1):
         nodes = tree.levels[depth]
-        q_level = probabilities(target.logits(features[:, level["distinct"]]), ws.sampling)
+        allowed = level_allowed[depth - 1:depth] if level_allowed is not None else None
+        q_level = probabilities(target.logits(features[:, level["distinct"]]), ws.sampling, allowed)
         ws.q[0, level["distinct_inner"]] = q_level
         drawn, drawn_valid = draw_without_replacement(q_level, level["width"], ws.generator)
         tokens[nodes.start:nodes.stop] = drawn.flatten()[level["drawn"]]
@@ -207,7 +216,7 @@ def accept(ws: Workspace) -> None:
     tokens, the next catch-up's pairs, and the round's record."""
     tree, index = ws.tree, ws.index
     with ws.timer.phase("acceptance"):
-        p = probabilities(ws.logits, ws.sampling)[None].to(ws.dtype)
+        p = probabilities(ws.logits, ws.sampling, ws.allowed(index["depths"]))[None].to(ws.dtype)
         valid = ws.node_valid & (index["depths"] < ws.target.image_tokens - ws.n)  # nothing past the image's end
         if tree.size:
             p, q = distributions(p), distributions(ws.q)

@@ -37,6 +37,16 @@ class PositionRules:
     kinds: Tensor
     allowed: Tensor
 
+    def padded(self, extra: int, device: torch.device) -> "PositionRules":
+        """On ``device``, with ``extra`` positions past the image reading the last kind (a drafted node past
+        the image's end is invalid, but its distribution is still computed: no bounds check needed)."""
+        kinds = torch.cat([self.kinds, self.kinds[-1:].expand(extra)])
+        return PositionRules(kinds.to(device), self.allowed.to(device))
+
+    def allowed_at(self, positions: Tensor) -> Tensor:
+        """(T, V) bool: the tokens generated positions ``positions`` (T,) allow (two lookups, on the device)."""
+        return self.allowed.index_select(0, self.kinds.index_select(0, positions))
+
 
 class Cache(Protocol):
     """A model's key/value cache: committed positions, then a pending area a forward writes after them.

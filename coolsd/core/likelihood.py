@@ -28,7 +28,9 @@ def token_log_likelihoods(target: Target, condition: Any, tokens: list[int], sam
     if prefix.valid is not None:  # a padded caption: its mask, then every image position is a real key
         valid = torch.cat([prefix.valid, torch.ones(rows, count - 1, dtype=torch.bool, device=device)], dim=1)
     hidden = target(inputs, torch.arange(length + count - 1, device=device), valid=valid)
-    probs = probabilities(target.logits(hidden[:, length - 1:]), sampling)  # (N, V): position P-1+i predicts x_i
+    rules = getattr(target, "position_rules", None)  # constrained positions (spec section 8): masked as sampled
+    allowed = rules.allowed_at(torch.arange(count)).to(device) if rules is not None else None
+    probs = probabilities(target.logits(hidden[:, length - 1:]), sampling, allowed)  # position P-1+i predicts x_i
     chosen = probs[torch.arange(count, device=device), image].double().cpu().numpy()
     with np.errstate(divide="ignore"):
         return np.log(chosen)

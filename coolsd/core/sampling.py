@@ -39,14 +39,18 @@ class SamplingConfig:
         return asdict(self)
 
 
-def probabilities(logits: Tensor, cfg: SamplingConfig) -> Tensor:
-    """Model logits (rows, ..., V) -> guided, filtered, tempered distributions (..., V) in float32."""
+def probabilities(logits: Tensor, cfg: SamplingConfig, allowed: Tensor | None = None) -> Tensor:
+    """Model logits (rows, ..., V) -> guided, filtered, tempered distributions (..., V) in float32. ``allowed``
+    (..., V) bool, where positions are constrained: what it excludes gets probability 0, after guidance and
+    before filtering (spec section 8; a forced position becomes a point mass)."""
     logits = logits if logits.dtype == torch.float32 else logits.float()
     if cfg.rows == 1:
         guided = logits[0]
     else:
         cond, uncond = logits.unbind(0)
         guided = uncond + cfg.cfg_scale * (cond - uncond)
+    if allowed is not None:
+        guided = guided.masked_fill(~allowed, -math.inf)
     if cfg.top_k and cfg.top_k < guided.shape[-1]:
         kth = torch.topk(guided, cfg.top_k, dim=-1).values[..., -1:]
         guided = guided.masked_fill(guided < kth, -math.inf)

@@ -81,6 +81,8 @@ def timed(work: Callable[[], object], device: torch.device, repeats: int = 3, wa
 def placeholder_conditions(bundle: Bundle, count: int) -> list:
     """Conditions of the right shape for timing (zero captions for a text model: no text encoder needed)."""
     cfg = bundle.config
+    if cfg.text_conditioned and not cfg.caption_dim:  # prompt tokens (Chameleon): its own tokenizer, cheap
+        return bundle.text_encoder(["a placeholder prompt"]) * count
     if cfg.text_conditioned:
         caption = Caption(torch.zeros(cfg.cls_token_num, cfg.caption_dim), torch.ones(cfg.cls_token_num, dtype=bool))
         return [caption] * count

@@ -3,7 +3,9 @@
 * A target from one of our bundle directories (``config.json``), or a ``--random-init`` one, gets our Eagle head
   (:class:`coolsd.models.eagle.Drafter`: ``fc``, ``layer.*``; token embeddings shared with the target). The out
   directory is a bundle directory: the target's files (copied), ``drafter.safetensors`` and a ``config.json``.
-* A ``model.json`` target (LlamaGen) gets LANTERN's drafter layout (:class:`coolsd.models.lantern.LanternDrafter`),
+* A Chameleon ``model.json`` target gets LANTERN's Chameleon drafter (:class:`coolsd.models.chameleon_drafter.
+  ChameleonDrafter`), written as ``drafter/config.json`` + ``pytorch_model.bin``.
+* A LlamaGen ``model.json`` target gets LANTERN's drafter layout (:class:`coolsd.models.lantern.LanternDrafter`),
   the only drafter the ``model.json`` contract loads. Its own token table starts as the target's input table and
   stays frozen. The out directory holds ``drafter/`` (LANTERN's ``config.json`` + ``model.safetensors``) and a
   ``model.json`` that is the source's with its files re-pointed and ``"drafter": "drafter"``.
@@ -22,11 +24,16 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..models.bundle import EXTRAS, Bundle, save_bundle
+from ..models.chameleon_drafter import ChameleonDrafter, DrafterConfig, save_chameleon_drafter
 from ..models.eagle import Drafter
 from ..models.lantern import LanternConfig, LanternDrafter
 from ..models.registry import HUB
 
 EAGLE, LANTERN = "eagle", "lantern"
+
+
+def chameleon(bundle: Bundle) -> bool:
+    return bundle.info.get("family") == "chameleon"
 
 
 def drafter_format(bundle: Bundle) -> str:
@@ -40,7 +47,13 @@ def new_drafter(bundle: Bundle, seed: int) -> nn.Module:
     cfg = bundle.config
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if drafter_format(bundle) == LANTERN:
+        if drafter_format(bundle) == LANTERN and chameleon(bundle):
+            drafter = ChameleonDrafter(DrafterConfig.for_target(cfg), cfg)
+            with torch.no_grad():  # as LANTERN's trainer (load_emb=True): the target's table, frozen
+                drafter.embed_tokens.weight.copy_(bundle.target.embed(torch.arange(cfg.vocab_size,
+                                                                                   device=bundle.device)).float())
+            drafter.embed_tokens.requires_grad_(False)
+        elif drafter_format(bundle) == LANTERN:
             drafter = LanternDrafter(LanternConfig.for_target(cfg), cfg)
             with torch.no_grad():
                 drafter.embed_tokens.weight.copy_(bundle.target.tok_embeddings.weight.float())
@@ -112,11 +125,14 @@ def save_lantern(bundle: Bundle, drafter: nn.Module, out: Path, record: dict) ->
     """LANTERN's drafter directory in ``out/drafter`` and a ``model.json`` that uses it."""
     folder = out / "drafter"
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", **asdict(drafter.config)}
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(cpu_state(drafter), folder / "model.safetensors")
+    if chameleon(bundle):  # LANTERN's Chameleon drafter directory: config.json + pytorch_model.bin
+        save_chameleon_drafter(drafter, folder)
+    else:
+        config = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", **asdict(drafter.config)}
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(cpu_state(drafter), folder / "model.safetensors")
     spec = dict(bundle.info)
-    for key in ("gpt", "vq", "t5"):
+    for key in ("gpt", "vq", "t5", "model", "vqgan", "vqgan_config"):
         if key in spec:
             spec[key] = repoint(spec[key], bundle.path)
     spec.update(drafter="drafter", drafter_training=record)

@@ -40,6 +40,15 @@ def uniform_noise(like: Tensor, amplitude: float, generator: torch.Generator) ->
     return (2 * draw - 1) * amplitude
 
 
+def input_noise(drafter: Drafter, features: Tensor, amplitude: float, generator: torch.Generator) -> Tensor:
+    """The training noise on the input features; zero at padding slots for a drafter that recognises padding by
+    its zero features (LANTERN's Chameleon drafter), so they stay padding."""
+    noise = uniform_noise(features, amplitude, generator)
+    if getattr(drafter, "padding_from_zero_features", False):
+        noise = noise * (features.abs().amax(-1, keepdim=True) > 0)
+    return noise
+
+
 def training_inputs(drafter: Drafter, batch: Shard, features: Tensor, lead: Tensor) -> tuple[Tensor, Tensor]:
     """Slot inputs and their true next features: slot ``s`` pairs the feature at ``s`` with the next input (the
     lead inputs at prefix slots, then image tokens 0..N-2), and should predict the feature at ``s + 1``."""
@@ -67,7 +76,7 @@ def step_loss(drafter: Drafter, head: Callable[[Tensor], Tensor], batch: Shard, 
     choose = torch.rand(len(batch), generator=generator, device=device) < unconditional
     features, lead = pick_rows(batch, choose)
     inputs, true_next = training_inputs(drafter, batch, features, lead)
-    noisy = features[:, :-1].float() + uniform_noise(features[:, :-1], noise, generator)
+    noisy = features[:, :-1].float() + input_noise(drafter, features[:, :-1], noise, generator)
     positions = torch.arange(noisy.shape[1], device=device)
     predicted = drafter(inputs, noisy, positions)
     start = prefix_length - 1

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .chameleon import ChameleonConfig, ChameleonLayer, Rotary, shifted
 from .gpt import KVCache, additive, attention_mask, hide_invalid_keys
-from .lantern import read_weights, state_problems
+from .lantern import load_strictly, read_weights
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,8 @@ def feature_validity(features: Tensor) -> Tensor:
 
 class ChameleonDrafter(nn.Module):
     """LANTERN's Chameleon drafter; parameter names are the published state dict's."""
+
+    padding_from_zero_features = True  # padding slots are the zero features (the trainer keeps them zero)
 
     def __init__(self, config: DrafterConfig, target: ChameleonConfig) -> None:
         super().__init__()
@@ -162,14 +164,7 @@ def load_chameleon_drafter(directory: str | Path, target: ChameleonConfig,
         config = DrafterConfig(**{**asdict(config), "norm_rows": norm.shape[0]})
     with torch.device("meta"):
         drafter = ChameleonDrafter(config, target)
-    problems = state_problems(drafter, state)
-    if problems:
-        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
-        raise ValueError(f"LANTERN drafter weights in {path} do not fit: {problems[0]}{more}")
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    drafter.load_state_dict(state, strict=True, assign=True)
-    return drafter.eval()
+    return load_strictly(drafter, state, path, dtype)
 
 
 def save_chameleon_drafter(drafter: ChameleonDrafter, folder: Path) -> None:

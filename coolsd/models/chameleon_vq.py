@@ -25,62 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .chameleon import ChameleonConfig
+from .vq16 import AttnBlock, ResnetBlock, Upsample, group_norm, swish  # taming's blocks, the same names
 
 DECODER_PREFIXES = ("decoder.", "post_quant_conv.", "quantize.embedding.")
 UNUSED_PREFIXES = ("encoder.", "quant_conv.", "loss.")  # the encoder side and the training losses
-
-
-def swish(x: Tensor) -> Tensor:
-    """``x * sigmoid(x)`` as the official code writes it (F.silu rounds differently)."""
-    return x * torch.sigmoid(x)
-
-
-def group_norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, cin: int, cout: int) -> None:
-        super().__init__()
-        self.norm1, self.conv1 = group_norm(cin), nn.Conv2d(cin, cout, 3, padding=1)
-        self.norm2, self.conv2 = group_norm(cout), nn.Conv2d(cout, cout, 3, padding=1)
-        if cin != cout:
-            self.nin_shortcut = nn.Conv2d(cin, cout, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.conv2(swish(self.norm2(self.conv1(swish(self.norm1(x))))))
-        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
-
-
-class AttnBlock(nn.Module):
-    """Single-head self-attention over the pixels, 1x1 convolutions for q, k, v and the output."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.norm = group_norm(channels)
-        self.q, self.k, self.v = (nn.Conv2d(channels, channels, 1) for _ in range(3))
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """The official order of operations (bmm, scale, softmax, bmm), so that pixels agree bit for bit."""
-        b, c, h, w = x.shape
-        n = self.norm(x)
-        q, k, v = (conv(n).reshape(b, c, h * w) for conv in (self.q, self.k, self.v))
-        weights = torch.softmax(torch.bmm(q.permute(0, 2, 1), k) * c ** -0.5, dim=2)
-        return x + self.proj_out(torch.bmm(v, weights.permute(0, 2, 1)).reshape(b, c, h, w))
-
-
-class Upsample(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 class Decoder(nn.Module):

@@ -281,6 +281,12 @@ def load_lantern_drafter(directory: str | Path, target_config: ModelConfig,
     state = read_weights(path)
     with torch.device("meta"):
         drafter = LanternDrafter(config, target_config)
+    return load_strictly(drafter, state, path, dtype)
+
+
+def load_strictly(drafter: nn.Module, state: dict, path: Path, dtype: torch.dtype | None) -> nn.Module:
+    """``state`` into the meta-built ``drafter`` (cast to ``dtype``; None: the file's), or a ValueError naming the
+    first missing, unexpected or reshaped tensor of the files in ``path``."""
     problems = state_problems(drafter, state)
     if problems:
         more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""

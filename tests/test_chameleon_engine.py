@@ -1,0 +1,246 @@
+"""A Chameleon model through the decoding engine, the command line and the trainer: structural tokens where the
+official sampler puts them (spec section 8), greedy Eagle-1 = greedy AR, Property 1 on an enumerated constrained
+model with guidance, the generate command's image and token record, and a trained drafter that loads back."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+from chameleon_fixture import build_model_dir
+from helpers import chi_square_pvalue
+from test_chameleon import official_kinds
+
+from coolsd.core.decode import EMPTY, decode, generate
+from coolsd.core.interface import PositionRules
+from coolsd.core.likelihood import token_log_likelihoods
+from coolsd.core.rules import Eagle
+from coolsd.core.sampling import SamplingConfig
+from coolsd.core.trees import chain, parse_draft
+from coolsd.models.bundle import load_bundle
+from coolsd.models.chameleon import ChameleonPrompt, load_chameleon
+from coolsd.models.chameleon_drafter import ChameleonDrafter, load_chameleon_drafter
+
+IMAGE_IDS = set(range(4, 8196))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_model_dir(tmp_path_factory.mktemp("chameleon-engine") / "model")
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny):
+    return load_bundle(tiny, device="cpu")
+
+
+def check_layout(tokens: list[int], side: int) -> None:
+    kinds = official_kinds(side)
+    assert len(tokens) == len(kinds)
+    for t, (token, kind) in enumerate(zip(tokens, kinds)):
+        expected = {"newline": {8803}, "end": {8196}, "image": IMAGE_IDS}[kind]
+        assert token in expected, f"position {t} ({kind}) drew {token}"
+
+
+@pytest.mark.parametrize("method", ["ar", "eagle"])
+@pytest.mark.parametrize("sampling", [SamplingConfig(cfg_scale=3.0, top_k=1), SamplingConfig(cfg_scale=3.0,
+                                                                                             top_k=2000)],
+                         ids=["greedy", "sampled"])
+def test_structural_tokens_appear_where_the_official_sampler_puts_them(bundle, method, sampling):
+    prompt = bundle.text_encoder(["a red fox"])[0]
+    tree = chain(5) if method == "eagle" else EMPTY
+    for seed in range(3):
+        tokens = decode(bundle.target, bundle.drafter, prompt, Eagle(), tree, sampling, seed).tokens
+        check_layout(tokens, 4)
+
+
+@pytest.mark.parametrize("draft", ["chain:5", "tree:eagle25"])
+def test_greedy_eagle_gives_greedy_ar_tokens(bundle, draft):
+    sampling = SamplingConfig(cfg_scale=3.0, top_k=1)
+    for text in ("a red fox", "a bowl of ramen"):
+        prompt = bundle.text_encoder([text])[0]
+        ar = decode(bundle.target, bundle.drafter, prompt, Eagle(), EMPTY, sampling, 0).tokens
+        eagle = decode(bundle.target, bundle.drafter, prompt, Eagle(), parse_draft(draft), sampling, 0).tokens
+        assert eagle == ar
+        check_layout(ar, 4)
+
+
+# --- Property 1 on an enumerated constrained model -------------------------------------------------------------
+
+FREE = (4, 5, 6)  # the image codes the test's rules allow: 3^4 images of a 2 x 2 grid
+
+
+def small_rules(vocab: int) -> PositionRules:
+    """A 32 px Lumina-mGPT layout (2 rows of 2 codes, each closed by a newline, then end-of-image), with image
+    positions restricted to three codes so that every image can be enumerated."""
+    allowed = torch.zeros(3, vocab, dtype=torch.bool)
+    allowed[0, list(FREE)] = True
+    allowed[1, 8803] = True
+    allowed[2, 8196] = True
+    return PositionRules(torch.tensor([0, 0, 1, 0, 0, 1, 2]), allowed)
+
+
+def exact_law(target, prompt: ChameleonPrompt, sampling: SamplingConfig) -> dict[tuple, float]:
+    """P(image) by teacher-forced uncached forwards of every sequence, the guidance, masking and filtering
+    written here: ``u + s (c - u)`` in float64, disallowed tokens removed, then top-k among what is left, then
+    softmax (temperature 1)."""
+    images = [list(codes) for codes in itertools.product(FREE, repeat=4)]
+    sequences = [[a, b, 8803, c, d, 8803, 8196] for a, b, c, d in images]
+    prefix = target.prefix(prompt, 2)
+    p = prefix.length
+    tokens = torch.tensor(sequences)
+    with torch.no_grad():
+        x = torch.cat([prefix.embeds.repeat_interleave(len(sequences), 0),
+                       target.embed(tokens[:, :-1]).repeat(2, 1, 1)], 1)
+        valid = torch.cat([prefix.valid.repeat_interleave(len(sequences), 0),
+                           torch.ones(2 * len(sequences), 6, dtype=torch.bool)], 1)
+        logits = target.logits(target(x, torch.arange(p + 6), valid=valid))[:, p - 1:].double()
+    cond, uncond = logits[:len(sequences)], logits[len(sequences):]
+    guided = uncond + sampling.cfg_scale * (cond - uncond)
+    rules = small_rules(target.vocab_size)
+    allowed = rules.allowed[rules.kinds]  # (7, V)
+    masked = guided.masked_fill(~allowed, -np.inf)
+    kth = masked.topk(sampling.top_k, dim=-1).values[..., -1:]  # top-k after the mask: forced rows keep one
+    probs = masked.masked_fill(masked < kth, -np.inf).softmax(-1)
+    law = {}
+    for i, seq in enumerate(sequences):
+        law[tuple(seq)] = float(np.prod([probs[i, t, seq[t]].item() for t in range(7)]))
+    return law
+
+
+SMALL_PROMPT = ChameleonPrompt((0, 8843, 8844, 8845, 8710, 8197, 8805, 8805), "a red fox")
+SMALL_SAMPLING = SamplingConfig(cfg_scale=2.0, top_k=2)  # 2 of the 3 allowed codes: top-k before the mask differs
+
+
+@pytest.fixture(scope="module")
+def small_target(tiny):
+    target = load_chameleon(tiny / "hf", 32, "lumina", prefix_slots=24, progress=False)
+    target.position_rules = small_rules(target.vocab_size)
+    with torch.no_grad():
+        for param in target.parameters():  # peaky enough that p and q differ, far from uniform
+            if param.dim() == 2:
+                param.mul_(3.0)
+    return target
+
+
+def test_the_likelihood_of_an_image_is_its_constrained_law(small_target):
+    law = exact_law(small_target, SMALL_PROMPT, SMALL_SAMPLING)
+    images = sorted(law, key=law.get)[-5:]  # the likeliest, some structural tokens in each
+    for image in images:
+        got = token_log_likelihoods(small_target, SMALL_PROMPT, list(image), SMALL_SAMPLING)
+        assert got.sum() == pytest.approx(np.log(law[image]), abs=1e-5)
+    excluded = [image for image, prob in law.items() if prob == 0][0]
+    assert np.isneginf(token_log_likelihoods(small_target, SMALL_PROMPT, list(excluded), SMALL_SAMPLING).sum())
+
+
+@pytest.mark.parametrize("draft", ["ar", "chain:3"])
+def test_lossless_decoding_keeps_the_constrained_law(tiny, small_target, draft):
+    target, prompt, sampling = small_target, SMALL_PROMPT, SMALL_SAMPLING
+    drafter = load_chameleon_drafter(tiny / "drafter", target.config)
+    law = exact_law(target, prompt, sampling)
+    assert abs(sum(law.values()) - 1) < 1e-9
+    tree = EMPTY if draft == "ar" else parse_draft(draft)
+    drawn = [tuple(decode(target, drafter, prompt, Eagle(), tree, sampling, seed).tokens) for seed in range(1200)]
+    assert set(drawn) <= {image for image, prob in law.items() if prob > 0}  # nothing the rules or top-k exclude
+    assert chi_square_pvalue(drawn, law) > 1e-3
+
+
+@pytest.mark.parametrize("draft", ["chain:5", "tree:eagle25"])
+def test_a_forced_position_is_drafted_as_its_token_and_always_accepted(bundle, draft):
+    """The mask applies to the drafter's q too: at a forced position q is the same point mass as p, so the
+    draft is the forced token, f = 1, and a rejection never happens there (spec section 8)."""
+    kinds = official_kinds(4)
+    forced = {"newline": 8803, "end": 8196}
+    prompt = bundle.text_encoder(["a red fox"])[0]
+    tested_forced = 0
+    for seed in range(3):
+        stats = decode(bundle.target, bundle.drafter, prompt, Eagle(), parse_draft(draft),
+                       SamplingConfig(cfg_scale=3.0, top_k=2000), seed).stats
+        for round_ in stats.rounds[1:]:
+            for candidate in round_.tested:
+                position = round_.start + candidate.depth - 1  # the generated position this draft fills
+                if position < len(kinds) and kinds[position] in forced:
+                    assert round_.drafted[candidate.node - 1] == forced[kinds[position]]
+                    assert candidate.accept_prob == 1.0 and candidate.accepted
+                    tested_forced += 1
+    assert tested_forced > 0
+
+
+# --- the command line and the trainer -------------------------------------------------------------------------
+
+def test_generate_writes_the_image_and_records_every_token(tiny, tmp_path, capsys):
+    from PIL import Image
+
+    from coolsd.cli import generate as command
+    stats, out = tmp_path / "s.json", tmp_path / "img.png"
+    code = command.main(["--model", str(tiny), "--prompt", "a red fox", "--top-k", "1", "--stats", str(stats),
+                         "--out", str(out), "--device", "cpu"])
+    assert code == 0, capsys.readouterr().err
+    assert Image.open(out).size == (512, 512)  # 64 px, enlarged 8x
+    tokens = json.loads(stats.read_text())["image_tokens"]
+    check_layout(tokens, 4)
+
+
+def test_the_benchmark_runs_a_chameleon_model_on_the_example_prompts(tiny, tmp_path):
+    from coolsd.cli import bench
+    from coolsd.models.registry import EXAMPLE_PROMPTS
+    out = tmp_path / "r.json"
+    assert bench.main(["--model", str(tiny), "--methods", "ar", "eagle", "--draft", "chain:5", "--images", "2",
+                       "--warmup", "0", "--device", "cpu", "--out", str(out), "--no-progress"]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert {run["method"] for run in runs} == {"ar", "eagle"}
+    for run in runs:  # finite: the forced tokens have likelihood 1 under the masked target
+        assert np.isfinite(run["log_likelihood_per_token"])
+    conditions = bench.benchmark_conditions(load_bundle(tiny, device="cpu"))
+    assert [condition.text for condition in conditions] == list(EXAMPLE_PROMPTS)
+
+
+def test_the_trained_drafter_is_written_in_lantern_format_loads_back_and_drafts(tiny, tmp_path):
+    from coolsd.distill import command
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a photo of a red fox\na bowl of ramen in snow\na lighthouse\n")
+    out = tmp_path / "out"
+    assert command.main(["--model", str(tiny), "--out", str(out), "--images", "4", "--epochs", "1", "--batch", "2",
+                         "--gen-batch", "2", "--eval-images", "1", "--prompts", str(prompts), "--no-progress",
+                         "--device", "cpu"]) == 0
+    assert sorted(p.name for p in (out / "drafter").iterdir()) == ["config.json", "pytorch_model.bin"]
+    bundle = load_bundle(out, device="cpu")
+    assert isinstance(bundle.drafter, ChameleonDrafter)
+    trained = torch.load(out / "drafter" / "pytorch_model.bin", weights_only=True)
+    assert torch.equal(bundle.drafter.fc.weight, trained["fc.weight"])
+    result = generate(bundle, bundle.text_encoder(["a red fox"])[0], Eagle(), parse_draft("chain:5"),
+                      SamplingConfig(cfg_scale=3.0, top_k=1))
+    assert result.stats.drafter_forwards > 0 and len(result.tokens) == 21
+
+
+# --- the app ---------------------------------------------------------------------------------------------------
+
+def test_the_app_generates_with_a_chameleon_directory_in_its_model_list(tiny, monkeypatch):
+    """COOLSD_MODELS names the tiny Chameleon directory: it is listed, selected, generates through the UI's
+    callbacks (image, Eagle-1 image, figures) and the API, the structural tokens where they belong."""
+    from matplotlib.figure import Figure
+
+    import app
+    from coolsd.app import models, session
+    monkeypatch.setenv(models.ENV, str(tiny))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(models, "hub_cached", lambda value, directory=False: False)
+    assert str(tiny) in [choice.key for choice in app.MODELS.choices()]
+    outputs = dict(zip(app.MODEL_OUTPUTS, app.on_model(str(tiny), models.DEFAULT, False, progress=lambda *a, **k: 0)))
+    assert outputs["prompt_box"]["visible"] is True and outputs["class_name"]["visible"] is False
+    values = app.defaults()
+    values.update(model=str(tiny), prompt="a red fox", cfg_scale=3.0)
+    image, eagle_image, table, caption, _slider, result = app.on_generate(
+        *[values[name] for name in session.value_names()], progress=lambda *a, **k: 0)
+    assert image["value"].size == eagle_image["value"].size and image["value"].size[0] >= 64
+    assert "a red fox" in caption and "speed-up vs AR" in table
+    check_layout(result.method.tokens, 4)
+    figures = app.on_figures(result, "fid")
+    assert all(isinstance(figure, Figure) for figure in figures[:6])
+    assert isinstance(app.on_replay(result, 0), Figure)
+    answer = app.api_generate(method="COOL-SD", seed=3, model=str(tiny), prompt="a red fox")
+    check_layout(answer["method"]["tokens"], 4)
+    assert np.array(answer["method"]["pixels"]).shape == (64, 64, 3)
