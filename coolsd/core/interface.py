@@ -48,6 +48,14 @@ class PositionRules:
         return self.allowed.index_select(0, self.kinds.index_select(0, positions))
 
 
+def allowed_tokens(target: Any, positions: Tensor) -> Tensor | None:
+    """(T, V) bool: what a constrained target allows at generated ``positions`` (T,), on their device; None for
+    a target without position rules (spec section 8). For callers outside the decoding loop, which keeps the
+    rules on its device once per workspace."""
+    rules = getattr(target, "position_rules", None)
+    return None if rules is None else rules.allowed_at(positions.cpu()).to(positions.device)
+
+
 class Cache(Protocol):
     """A model's key/value cache: committed positions, then a pending area a forward writes after them.
     ``commit(keep, count)`` appends the first ``count`` pending positions ``keep`` lists (indices into the

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .interface import Target
+from .interface import Target, allowed_tokens
 from .sampling import SamplingConfig, probabilities
 
 
@@ -28,8 +28,7 @@ def token_log_likelihoods(target: Target, condition: Any, tokens: list[int], sam
     if prefix.valid is not None:  # a padded caption: its mask, then every image position is a real key
         valid = torch.cat([prefix.valid, torch.ones(rows, count - 1, dtype=torch.bool, device=device)], dim=1)
     hidden = target(inputs, torch.arange(length + count - 1, device=device), valid=valid)
-    rules = getattr(target, "position_rules", None)  # constrained positions (spec section 8): masked as sampled
-    allowed = rules.allowed_at(torch.arange(count)).to(device) if rules is not None else None
+    allowed = allowed_tokens(target, torch.arange(count, device=device))  # masked as sampled (spec section 8)
     probs = probabilities(target.logits(hidden[:, length - 1:]), sampling, allowed)  # position P-1+i predicts x_i
     chosen = probs[torch.arange(count, device=device), image].double().cpu().numpy()
     with np.errstate(divide="ignore"):

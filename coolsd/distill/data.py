@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from ..core.interface import Drafter, Target
+from ..core.interface import Drafter, Target, allowed_tokens
 from ..core.sampling import SamplingConfig, probabilities
 
 
@@ -109,17 +109,6 @@ def by_image(rows: Tensor) -> Tensor:
     return rows.unflatten(0, (2, -1)).transpose(0, 1).contiguous()
 
 
-def constrained(target: Target, logits: Tensor, position: int) -> Tensor:
-    """Logits (rows, V) with what generated position ``position`` disallows pushed to the lowest float (spec
-    section 8), in both guidance rows alike, so the guided logits of those tokens stay there and their
-    probability is zero; unchanged for a target without position rules."""
-    rules = getattr(target, "position_rules", None)
-    if rules is None:
-        return logits
-    allowed = rules.allowed[rules.kinds[position]].to(logits.device)
-    return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
-
-
 @torch.no_grad()  # not inference mode: the shards are training inputs
 def generate_shard(target: Target, drafter: Drafter, conditions: Sequence[Any], sampling: SamplingConfig,
                    generator: torch.Generator) -> Shard:
@@ -133,8 +122,9 @@ def generate_shard(target: Target, drafter: Drafter, conditions: Sequence[Any], 
     cache.commit(list(range(p)))
     features, tokens = [hidden], []
     for i in range(n):
-        probs = probabilities(constrained(target, target.logits(features[-1][:, -1]), i).unflatten(0, (2, -1)),
-                              sampling)
+        allowed = allowed_tokens(target, torch.tensor([i], device=target.device))  # spec section 8
+        probs = probabilities(target.logits(features[-1][:, -1]).unflatten(0, (2, -1)), sampling,
+                              None if allowed is None else allowed[0])
         token = torch.multinomial(probs, 1, generator=generator)[:, 0]
         tokens.append(token)
         if i == n - 1:
