@@ -140,13 +140,13 @@ def count_generations(monkeypatch) -> list[str]:
     from coolsd.cli import bench
 
     calls = []
-    real_generate = bench.generate
+    real_generate = bench.generate_batch
 
     def counted(*args, **kwargs):
-        calls.append(args[2].name)
+        calls.extend([args[2].name] * len(args[1]))  # one per image of the call
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "generate", counted)
+    monkeypatch.setattr(bench, "generate_batch", counted)
     return calls
 
 

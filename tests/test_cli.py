@@ -274,15 +274,15 @@ def test_bench_repeats_and_speedup_spread(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_refuses_repeats_that_differ(capsys, monkeypatch):
-    real_generate = bench.generate
+    real_generate = bench.generate_batch
     count = iter(range(10**6))
 
     def drifting(*args, **kwargs):
-        result = real_generate(*args, **kwargs)
-        result.tokens[0] += next(count)  # as if decoding were not deterministic
-        return result
+        results = real_generate(*args, **kwargs)
+        results[0].tokens[0] += next(count)  # as if decoding were not deterministic
+        return results
 
-    monkeypatch.setattr(bench, "generate", drifting)
+    monkeypatch.setattr(bench, "generate_batch", drifting)
     assert bench.main(["--methods", "eagle", "--images", "1", "--repeats", "2", "--warmup", "0", *TINY,
                        "--no-progress"]) == 1
     assert "not deterministic" in one_line_error(capsys)

@@ -70,7 +70,7 @@ def test_cache_matches_uncached_forward_over_rounds(rows):
 def drafting_workspace(bundle, tree: DraftTree, sampling: SamplingConfig, seed: int = 0) -> Workspace:
     """A workspace for ``tree`` whose drafter has seen nothing yet (its caches empty, the generator seeded)."""
     ws = Workspace(bundle.target, bundle.drafter, Eagle(), tree, sampling)
-    ws.reset(seed)
+    ws.reset([seed])
     ws.feature_buffers(torch.zeros(sampling.rows, 1, CFG.dim))
     return ws
 
@@ -79,11 +79,12 @@ def catch_up_and_draft(ws: Workspace, committed: list[int], tokens: list[int], f
     """One drafting phase after ``committed`` image tokens, catching up on the pairs (``features`` (rows, c,
     dim), ``tokens``): the engine's pending state, as the last round's verification leaves it."""
     count = len(tokens)
-    ws.tokens[:len(committed)] = torch.tensor(committed)
+    ws.tokens[0, :len(committed)] = torch.tensor(committed)
     ws.n.fill_(len(committed))
-    ws.pending_tokens[:count] = torch.tensor(tokens)
+    ws.pending_tokens[0, :count] = torch.tensor(tokens)
     ws.pending_features[:, :count] = features
     ws.pending_count.fill_(count)
+    ws.draw_randoms(ws.walk_uniforms)  # the races this round's drafting reads, as a verification leaves them
     draft_phase(ws)
     return ws.node_tokens[0].clone(), ws.node_valid[0].clone(), ws.q[0].clone(), ws.node_features.clone()
 

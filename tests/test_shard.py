@@ -19,7 +19,7 @@ ARGS = ["--methods", "eagle", "cool:delta=2", "uniform:delta=2", "--images", "5"
 # what measures time (and the number of processes) may differ between two runs; everything else may not
 TIMING = {"processes", "latency_median_s", "latency_mean_s", "latency_iqr_s", "speedup_vs_ar", "speedup_vs_ar_iqr",
           "seconds_per_image", "acceptance_vs_target_forward", "acceptance_ms_per_round",
-          "target_forward_ms_per_round"}
+          "target_forward_ms_per_round", "images_per_s", "call_latency_median_s"}
 
 
 def fields(value, path=()) -> dict:

@@ -4,15 +4,20 @@
         lantern:k=10,lambda=5,residual=gstar --images 20 --out results.json
     python -m coolsd.bench --preset paper --images 1000 --work runs/paper --out r.json --csv r.csv
     torchrun --nproc_per_node 4 -m coolsd.bench --preset paper --images 1000 --latency-images 200 --work runs/paper
+    python -m coolsd.bench --methods ar eagle cool:delta=2 --images 64 --latency-batch 1 4 16 64 --repeats 3
 
-Batch 1. Image i is class i mod C with seed ``seed + i`` for every configuration. Each (configuration, image)
-gives a sample record: tokens, tau, the target's log-likelihood, the relaxation cost and, with a judge that
-scores single images, its features and verdict. Speed comes from timing images 0..M-1 (``--latency-images``,
-default all): each configuration first generates ``--warmup`` untimed images, then the images are interleaved
-across configurations so that all see the same machine conditions, ``--repeats R`` times each (the median
-counts); AR is always measured in the same run. Speed-ups come with their spread (the quartiles of the
-per-image ratio AR latency / method latency) and every difference from Eagle-1 (on the same draft) with a
-paired 95% bootstrap interval over images.
+Image i is class i mod C with seed ``seed + i`` for every configuration. Each (configuration, image) gives a
+sample record: tokens, tau, the target's log-likelihood, the relaxation cost and, with a judge that scores single
+images, its features and verdict. Speed comes from timing images 0..M-1 (``--latency-images``, default all):
+each configuration first makes ``--warmup`` untimed calls, then the calls are interleaved across configurations
+so that all see the same machine conditions, ``--repeats R`` times each (the median counts); AR is always
+measured in the same run. Speed-ups come with their spread (the quartiles of the per-image ratio AR latency /
+method latency) and every difference from Eagle-1 (on the same draft) with a paired 95% bootstrap interval over
+images.
+
+Batches (spec section 9): ``--batch B`` decodes B images of a configuration together in the untimed pass (the
+same tokens as one at a time); ``--latency-batch`` the batch sizes the timed images are decoded in, each with
+its images per second and speed-up over AR at the same size (a call's latency is each of its images' latency).
 
 One process makes one pass: a timed image's median-latency generation is also its sample (decoding is
 deterministic for a seed, so an untimed generation would give the same record), the other images are
@@ -32,6 +37,7 @@ import math
 import platform
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +45,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..core.decode import Generation, generate
+from ..core.decode import Generation, check_batch_memory, generate_batch
 from ..core.likelihood import mean_log_likelihood
+from ..core.memory import gigabytes
 from ..core.params import OneLineParser, Param, run_command
 from ..core.rules import AcceptanceRule, build_rule
 from ..core.sampling import SamplingConfig
@@ -77,6 +84,7 @@ from .study import (
 IMAGES = Param("images", 1, 100_000, 20, 1, "images per method", integer=True)
 WARMUP = Param("warmup", 0, 100, 2, 1, "untimed images per method", integer=True)
 REPEATS = Param("repeats", 1, 100, 1, 1, "timings per image and method", integer=True)
+BATCH = Param("batch", 1, 4096, 1, 1, "images decoded together", integer=True)
 
 # Sample sizes below which a quality metric means little (see ``sample_warnings``).
 PROFILE_IMAGES = Param("images", 0, 100_000, 20, 1, "whole images per method (0: parts only)", integer=True)
@@ -146,24 +154,32 @@ class Bench:
         return self.conditions[image % len(self.conditions)]
 
 
-def time_image(bundle: Bundle, configurations: list[Configuration], rules: list[AcceptanceRule], condition,
-               seed: int, sampling: SamplingConfig, repeats: int) -> list[tuple[Generation, float]]:
-    """One (class, seed) for every configuration, ``repeats`` times, interleaved across configurations so that a
-    change in machine load hits all of them alike. Per configuration: the generation of median latency
-    (median-low for an even ``repeats``; its phase timings go in the summary) and the median latency. Decoding
-    is deterministic for a given seed, so every repeat must give the same tokens; if not, the repeats would
-    time different work."""
-    gens: list[list[Generation]] = [[] for _ in configurations]
+def chunks(count: int, size: int) -> list[range]:
+    """Images 0..count-1 in consecutive batches of ``size`` (the last one shorter where ``size`` does not divide
+    ``count``)."""
+    return [range(start, min(start + size, count)) for start in range(0, count, size)]
+
+
+def time_batch(bench: Bench, configurations: list[Configuration], rules: list[AcceptanceRule], images: range,
+               repeats: int) -> list[tuple[list[Generation], float]]:
+    """One batch of images (their conditions and seeds) for every configuration, ``repeats`` times, interleaved
+    across configurations so that a change in machine load hits all of them alike. Per configuration: the
+    generations of the call of median latency (median-low for an even ``repeats``; its phase timings go in the
+    summary) and the median call latency. Decoding is deterministic for given seeds, so every repeat must give
+    the same tokens; if not, the repeats would time different work."""
+    conditions, seeds = [bench.condition(i) for i in images], [bench.study.seed + i for i in images]
+    calls: list[list[list[Generation]]] = [[] for _ in configurations]
     for _ in range(repeats):
-        for runs, rule, configuration in zip(gens, rules, configurations):
-            runs.append(generate(bundle, condition, rule, configuration.tree, sampling, seed=seed))
+        for runs, rule, configuration in zip(calls, rules, configurations):
+            runs.append(generate_batch(bench.bundle, conditions, rule, configuration.tree, bench.sampling, seeds))
     out = []
-    for runs, configuration in zip(gens, configurations):
-        if any(g.tokens != runs[0].tokens for g in runs):
-            raise NotDeterministic(f"{configuration.label} gave different tokens for {condition!r}, seed {seed} "
-                                   "across repeats: decoding is not deterministic, repeated timings are invalid")
-        by_time = sorted(runs, key=lambda g: g.stats.seconds["total"])
-        out.append((by_time[(len(by_time) - 1) // 2], statistics.median(g.stats.seconds["total"] for g in runs)))
+    for runs, configuration in zip(calls, configurations):
+        if any([g.tokens for g in run] != [g.tokens for g in runs[0]] for run in runs):
+            raise NotDeterministic(f"{configuration.label} gave different tokens for images {images.start}.."
+                                   f"{images.stop - 1} across repeats: decoding is not deterministic, repeated "
+                                   "timings are invalid")
+        by_time = sorted(runs, key=lambda run: run[0].stats.seconds["total"])
+        out.append((by_time[(len(by_time) - 1) // 2], statistics.median(run[0].stats.seconds["total"] for run in runs)))
     return out
 
 
@@ -191,10 +207,12 @@ def sample_record(bench: Bench, configuration: Configuration, image: int, genera
     return record
 
 
-def timing_record(configuration: Configuration, image: int, generation: Generation, seconds: float) -> dict:
-    """A timed image: its median latency, and the phases and rounds of the generation of median latency."""
-    return {"kind": "timing", "configuration": configuration.label, "image": image, "latency_s": seconds,
-            "seconds": {phase: generation.stats.seconds[phase] for phase in PHASES},
+def timing_record(configuration: Configuration, image: int, generation: Generation, seconds: float,
+                  batch: int) -> dict:
+    """A timed image: the median latency of the call that decoded it (with ``batch`` - 1 others: each waits for
+    the whole call), and the phases of that call and the image's own rounds, from the call of median latency."""
+    return {"kind": "timing", "configuration": configuration.label, "image": image, "batch": batch,
+            "latency_s": seconds, "seconds": {phase: generation.stats.seconds[phase] for phase in PHASES},
             "target_forwards": generation.stats.target_forwards}
 
 
@@ -212,38 +230,59 @@ def progress_bar(total: int, desc: str, progress: bool) -> tqdm:
     return tqdm(total=total, desc=desc, unit="item", disable=not progress or not total, file=sys.stderr)
 
 
+def timing_jobs(study: Study) -> list[tuple[int, range]]:
+    """The timed images as (batch size, images) calls for every latency batch size, ordered so that each size's
+    calls spread evenly over the pass (by the share of its calls done), so that machine drift hits every size
+    alike."""
+    jobs = [(size, images, (index + 0.5) / len(calls)) for size in study.latency_batches
+            for calls in [chunks(study.timed_images, size)] for index, images in enumerate(calls)]
+    return [(size, images) for size, images, _ in sorted(jobs, key=lambda job: (job[2], job[0]))]
+
+
 def timing_pass(bench: Bench, progress: bool) -> None:
-    """Time images 0..M-1 of each configuration not timed yet: warm-up first, then image by image across
-    configurations (:func:`time_image`); each record is kept as soon as its image is done."""
+    """Time images 0..M-1 of each configuration not timed yet, at every latency batch size: warm-up calls
+    first, then call by call across configurations (:func:`time_batch`); each image's record is kept as soon as
+    its call is done, and a timed image's tokens must be its sample's (whatever the batch: spec section 9)."""
     study, configurations = bench.study, bench.study.configurations
-    todo = {image: [k for k, c in enumerate(configurations) if bench.records.get("timing", c.label, image) is None]
-            for image in range(study.timed_images)}
-    todo = {image: pending for image, pending in todo.items() if pending}
-    for k in sorted({k for pending in todo.values() for k in pending}):
-        for i in range(study.warmup):
-            generate(bench.bundle, bench.condition(i), bench.rules[k], configurations[k].tree, bench.sampling,
-                     seed=10**9 + i)
-    bar = progress_bar(sum(map(len, todo.values())), "time", progress)
-    for image, pending in todo.items():
-        timed = time_image(bench.bundle, [configurations[k] for k in pending], [bench.rules[k] for k in pending],
-                           bench.condition(image), study.seed + image, bench.sampling, study.repeats)
-        for k, (generation, seconds) in zip(pending, timed):
-            keep_sample(bench, configurations[k], image, generation)
-            bench.records.add(timing_record(configurations[k], image, generation, seconds))
-        bar.update(len(pending))
+    todo = [(size, images, [k for k, c in enumerate(configurations)
+                            if any(bench.records.get("timing", c.label, i, size) is None for i in images)])
+            for size, images in timing_jobs(study)]
+    todo = [(size, images, pending) for size, images, pending in todo if pending]
+    for size in dict.fromkeys(size for size, _, _ in todo):
+        for k in sorted({k for batch, _, pending in todo if batch == size for k in pending}):
+            for call in range(study.warmup):
+                warm = range(call * size, (call + 1) * size)
+                generate_batch(bench.bundle, [bench.condition(i) for i in warm], bench.rules[k],
+                               configurations[k].tree, bench.sampling, [10**9 + i for i in warm])
+    bar = progress_bar(sum(len(images) * len(pending) for _, images, pending in todo), "time", progress)
+    for size, images, pending in todo:
+        timed = time_batch(bench, [configurations[k] for k in pending], [bench.rules[k] for k in pending], images,
+                           study.repeats)
+        for k, (generations, seconds) in zip(pending, timed):
+            for image, generation in zip(images, generations):
+                keep_sample(bench, configurations[k], image, generation)
+                bench.records.add(timing_record(configurations[k], image, generation, seconds, size))
+        bar.update(len(images) * len(pending))
     bar.close()
 
 
 def sample_pass(bench: Bench, items: list[tuple[int, int]], progress: bool) -> list[dict]:
-    """Generate each (configuration, image) once, untimed, unless its sample is recorded; the items' samples."""
-    configurations = bench.study.configurations
+    """Generate each (configuration, image) once, untimed, unless its sample is recorded, in calls of up to
+    ``study.batch`` images of one configuration; the items' samples."""
+    configurations, batch = bench.study.configurations, bench.study.batch
     todo = [(k, image) for k, image in items if bench.records.get("sample", configurations[k].label, image) is None]
-    bar = progress_bar(len(todo), "generate", progress)
+    by_configuration: dict[int, list[int]] = {}
     for k, image in todo:
-        generation = generate(bench.bundle, bench.condition(image), bench.rules[k], configurations[k].tree,
-                              bench.sampling, seed=bench.study.seed + image)
-        bench.records.add(sample_record(bench, configurations[k], image, generation))
-        bar.update()
+        by_configuration.setdefault(k, []).append(image)
+    bar = progress_bar(len(todo), "generate", progress)
+    for k, images in by_configuration.items():
+        for start in range(0, len(images), batch):
+            call = images[start:start + batch]
+            generations = generate_batch(bench.bundle, [bench.condition(i) for i in call], bench.rules[k],
+                                         configurations[k].tree, bench.sampling, [bench.study.seed + i for i in call])
+            for image, generation in zip(call, generations):
+                bench.records.add(sample_record(bench, configurations[k], image, generation))
+            bar.update(len(call))
     bar.close()
     return [bench.records.get("sample", configurations[k].label, image) for k, image in items]
 
@@ -255,17 +294,29 @@ def run_benchmark(bundle: Bundle, study: Study, sampling: SamplingConfig, record
     shard = shard or Shard()
     rules = [build_rule(c.name, c.params, c.tree.depth, bundle.neighbours) for c in study.configurations]
     bench = Bench(bundle, study, rules, benchmark_conditions(bundle), sampling, records or Records())
+    passes = {}
     if shard.world == 1:
-        timing_pass(bench, progress)
-        sample_pass(bench, study.items(), progress)
+        passes["timing_s"] = timed_pass(lambda: timing_pass(bench, progress))
+        passes["sample_s"] = timed_pass(lambda: sample_pass(bench, study.items(), progress))
     else:
+        began = time.perf_counter()
         samples = gather(sample_pass(bench, shard.share(study.items()), progress), shard)
+        passes["sample_s"] = time.perf_counter() - began
         if samples is None:
             return None
         for record in merge(samples, study):
             bench.records.add(record, save=False)  # saved by the process that made it
-        timing_pass(bench, progress)
+        passes["timing_s"] = timed_pass(lambda: timing_pass(bench, progress))
+    if progress:  # what each pass took (of what it had left to do): not in the result, which a rerun reproduces
+        print(f"passes: timing {passes['timing_s']:.1f} s, samples {passes['sample_s']:.1f} s", file=sys.stderr)
     return {**summarise_study(bench, keep_images), "processes": shard.world}
+
+
+def timed_pass(work) -> float:
+    """Wall seconds of a pass (of what it had left to do: a resumed pass skips its recorded items)."""
+    began = time.perf_counter()
+    work()
+    return time.perf_counter() - began
 
 
 def column(records: list[dict], key: str) -> np.ndarray:
@@ -289,7 +340,9 @@ def summarise_study(bench: Bench, keep_images: bool) -> dict:
     study, bundle = bench.study, bench.bundle
     configurations = study.configurations
     samples = [[bench.records.get("sample", c.label, i) for i in range(study.images)] for c in configurations]
-    timings = [[bench.records.get("timing", c.label, i) for i in range(study.timed_images)] for c in configurations]
+    main_batch = study.latency_batches[0]  # the speed columns are at the first latency batch size
+    timings = [[bench.records.get("timing", c.label, i, main_batch) for i in range(study.timed_images)]
+               for c in configurations]
     ar = next(k for k, c in enumerate(configurations) if c.name == "ar")
     runs = [summarise(c, bench.rules[k], samples[k], timings[k], timings[ar], bundle, keep_images)
             for k, c in enumerate(configurations)]
@@ -311,10 +364,37 @@ def summarise_study(bench: Bench, keep_images: bool) -> dict:
     return {"model": bundle.name, "device": str(bundle.device), "dtype": str(next(bundle.target.parameters()).dtype),
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
             "images": study.images, "latency_images": study.timed_images, "repeats": study.repeats,
+            "batch": study.batch, "latency_batch": main_batch, "batches": batch_table(bench),
             "draft": ", ".join(study.drafts) or "none", "drafts": study.drafts,
             "sampling": bench.sampling.to_dict(), "seed": study.seed,
             "warnings": sample_warnings(study.images, judge_size), "skipped": list(study.skipped), "runs": runs,
             "comparisons": comparisons}
+
+
+def batch_table(bench: Bench) -> list[dict]:
+    """Speed at every latency batch size, from the timed images' records: per configuration, images per second
+    (timed images / the seconds of their calls), the latency of a call (each of its images waits for all of it),
+    the speed-up over AR at the same batch size (AR's seconds / the configuration's, over the same calls; its
+    spread: the quartiles of the per-call ratios), and the lockstep cost: the rounds a call ran (its slowest
+    image's) over its images' mean own rounds."""
+    study, configurations = bench.study, bench.study.configurations
+    ar = next(k for k, c in enumerate(configurations) if c.name == "ar")
+    rows = []
+    for size in study.latency_batches:
+        calls = chunks(study.timed_images, size)
+        timings = [[[bench.records.get("timing", c.label, i, size) for i in images] for images in calls]
+                   for c in configurations]
+        call_seconds = [[call[0]["latency_s"] for call in per_call] for per_call in timings]
+        for k, configuration in enumerate(configurations):
+            rounds = [[record["target_forwards"] for record in call] for call in timings[k]]
+            ratios = [a / m for a, m in zip(call_seconds[ar], call_seconds[k])]
+            rows.append({"batch": size, "label": configuration.label, "calls": len(calls),
+                         "images_per_s": study.timed_images / sum(call_seconds[k]),
+                         "call_latency_median_s": statistics.median(call_seconds[k]),
+                         "speedup_vs_ar": sum(call_seconds[ar]) / sum(call_seconds[k]),
+                         "speedup_vs_ar_iqr": quartiles(ratios),
+                         "lockstep_rounds_over_own": float(np.mean([max(r) / np.mean(r) for r in rounds]))})
+    return rows
 
 
 # The paper's claims compare configurations that differ in one respect, on the same draft and images
@@ -485,6 +565,13 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
                                     integer=True).check(args.latency_images)
     args.warmup = WARMUP.check(args.warmup)
     args.repeats = REPEATS.check(args.repeats)
+    args.batch = BATCH.check(args.batch)
+    sizes = args.latency_batch or [args.batch if args.latency_images is None or args.profile else 1]
+    args.latency_batches = tuple(dict.fromkeys(BATCH.check(size) for size in sizes))
+    timed = args.images if args.latency_images is None else args.latency_images
+    if not args.profile and max(args.latency_batches) > timed:
+        raise ValueError(f"--latency-batch {max(args.latency_batches)} is more than the {timed} timed images: time "
+                         "at least as many images as the largest batch")
     args.shard = shard_from_environment()
     if args.profile and args.shard.world > 1:
         raise ValueError("--profile times the parts of a round in one process; run it without torchrun")
@@ -495,17 +582,18 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     configurations, skipped = plan(methods, args.preset, args.draft, usable_depth(args.info.config.image_tokens),
                                    args.info.config.vocab_size)
     args.study = Study(tuple(configurations), args.images, args.seed, args.latency_images, args.repeats, args.warmup,
-                       tuple(skipped))
+                       tuple(skipped), args.batch, args.latency_batches)
     return args
 
 
 def work_arguments(args: argparse.Namespace) -> dict:
     """What the records in a ``--work`` folder depend on. Not the outputs, the progress bar, the warm-up, the
-    threads or the number of processes: the samples are the same whatever those are (a timed image whose
-    tokens differ from its recorded sample is refused as not deterministic)."""
+    threads, the number of processes or the untimed pass's batch: the samples are the same whatever those are (a
+    timed image whose tokens differ from its recorded sample is refused as not deterministic)."""
     return {"model": args.model, "random_init": args.random_init, "device": pick_device(args.device).type,
             "steps": args.steps, "sampling": args.overrides, "seed": args.seed, "images": args.images,
-            "latency_images": args.study.timed_images, "repeats": args.repeats,
+            "latency_images": args.study.timed_images, "latency_batches": list(args.latency_batches),
+            "repeats": args.repeats,
             "configurations": [[c.label, c.draft] for c in args.study.configurations]}
 
 
@@ -532,7 +620,21 @@ def format_table(result: dict) -> str:
     shown = [c for c in range(len(header)) if any(row[c] for row in rows[1:])]  # no judge: no quality columns
     widths = {c: max(len(row[c]) for row in rows) for c in shown}
     lines += ["  ".join(row[c].rjust(widths[c]) for c in shown) for row in rows]
+    if any(row["batch"] != 1 for row in result.get("batches", [])):
+        lines += ["", format_batches(result["batches"])]
     return "\n".join(lines)
+
+
+def format_batches(rows: list[dict]) -> str:
+    """The speed at each latency batch size, one row per (batch size, configuration)."""
+    table = [["batch", "label", "images/s", "call ms", "speed-up vs AR", "speed-up IQR", "lockstep rounds"]]
+    for row in rows:
+        low, high = row["speedup_vs_ar_iqr"]
+        table.append([str(row["batch"]), row["label"][:60], f"{row['images_per_s']:.2f}",
+                      f"{1000 * row['call_latency_median_s']:.1f}", f"{row['speedup_vs_ar']:.2f}x",
+                      f"{low:.2f}-{high:.2f}x", f"{row['lockstep_rounds_over_own']:.2f}x"])
+    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in table)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -547,7 +649,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--latency-images", default=None, metavar="M",
                         help="time images 0..M-1 only (default: every image); under torchrun rank 0 times them alone "
                              "after the sharded pass")
-    parser.add_argument("--warmup", default=str(WARMUP.default))
+    parser.add_argument("--batch", default=str(BATCH.default), metavar="B",
+                        help="images of one configuration decoded together in lockstep rounds in the untimed pass "
+                             "(the same tokens as one at a time, so the same results, sooner)")
+    parser.add_argument("--latency-batch", nargs="+", default=None, metavar="B",
+                        help="batch sizes the timed images are decoded in, each timed (interleaved) with images/s, "
+                             "call latency and speed-up over AR at the same size; the main table uses the first. "
+                             "Default: --batch when every image is timed, else 1 (a separate latency pass, as the "
+                             "study's, stays at batch 1 unless asked). With --profile: the batch sizes whose rounds "
+                             "are timed")
+    parser.add_argument("--warmup", default=str(WARMUP.default), help="untimed calls per configuration and batch size")
     parser.add_argument("--repeats", default=str(REPEATS.default),
                         help="timings per (image, configuration), interleaved across configurations; the median counts")
     parser.add_argument("--work", type=Path, default=None, metavar="DIR",
@@ -587,7 +698,8 @@ def profile_parts(args: argparse.Namespace, bundle: Bundle) -> int:
     ``--images`` whole images per method."""
     from .profile import format_profile, profile
     result = profile(bundle, sampling_from(args.overrides, bundle), repeats=args.repeats if args.repeats > 1 else 20,
-                     images=args.images, seed=args.seed, compare_steps=args.compare_steps)
+                     images=args.images, seed=args.seed, compare_steps=args.compare_steps,
+                     batches=args.latency_batches)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(format_profile(result))
@@ -622,6 +734,19 @@ def report(result: dict, args: argparse.Namespace) -> None:
     print(format_table(result))
 
 
+def say_batch_memory(bundle: Bundle, study: Study, sampling: SamplingConfig) -> None:
+    """Before a batched run: what the largest batch holds on the device, on the largest draft (one line on
+    stderr); a ValueError when it does not fit."""
+    largest = max(study.batch, *study.latency_batches)
+    if largest == 1:
+        return
+    tree = max((c.tree for c in study.configurations), key=lambda tree: tree.size)
+    need = check_batch_memory(bundle.target, bundle.drafter, tree, sampling, largest)
+    print(f"memory: a batch of {largest} images{f' on {tree.name}' if tree.size else ''} holds about "
+          f"{gigabytes(need['total'])} ({gigabytes(need['caches'])} of KV caches) on {bundle.device}; "
+          f"{gigabytes(need['available'])} free", file=sys.stderr)
+
+
 def benchmark(argv: list[str] | None) -> int:
     """Check every option and configuration, open the work folder, load the model, run (on this process's share
     under torchrun), and on rank 0 write the outputs and print the table."""
@@ -631,6 +756,7 @@ def benchmark(argv: list[str] | None) -> int:
     bundle = load_model(args)
     if args.profile:
         return profile_parts(args, bundle)
+    say_batch_memory(bundle, study, sampling_from(args.overrides, bundle))
     join(shard, bundle.device)
     if shard.world > 1 and shard.rank == 0 and study.timed_images == study.images:
         print(f"note: rank 0 times all {study.images} images alone after the sharded pass; --latency-images "

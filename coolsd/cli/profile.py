@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..core.decode import Workspace, accept, decode, draft_phase, generate, score, verify_phase
+from ..core.decode import Workspace, accept, check_batch_memory, decode, draft_phase, generate, score, verify_phase
 from ..core.graphs import CheckedPhases, HostReadError
 from ..core.rules import AR, CoolSD, Eagle
 from ..core.sampling import SamplingConfig
@@ -83,16 +83,18 @@ class Setting:
     chain:5 round keeps about two drafts and the target's token), and a drafted tree. Every timed call of a
     phase starts from this saved state, through the bundle's phase runner (on CUDA: replays of its graphs)."""
 
-    def __init__(self, bundle: Bundle, sampling: SamplingConfig, tree: DraftTree, rule=None, seed: int = 0) -> None:
+    def __init__(self, bundle: Bundle, sampling: SamplingConfig, tree: DraftTree, rule=None, seed: int = 0,
+                 batch: int = 1) -> None:
         self.bundle, self.runner = bundle, bundle.runner
         target = bundle.target
         rule = rule or (Eagle() if tree.size else AR())
-        ws = Workspace(target, bundle.drafter if tree.size else None, rule, tree, sampling)
-        ws.reset(seed)
+        ws = Workspace(target, bundle.drafter if tree.size else None, rule, tree, sampling, batch=batch)
+        ws.reset([seed + image for image in range(batch)])
         device, start = bundle.device, target.image_tokens // 2
         generator = torch.Generator().manual_seed(seed)
-        ws.tokens[:start] = torch.randint(0, target.vocab_size, (start,), generator=generator).to(device)
+        ws.tokens[:, :start] = torch.randint(0, target.vocab_size, (batch, start), generator=generator).to(device)
         ws.n.fill_(start)
+        ws.draw_randoms(ws.walk_uniforms)  # the races drafting reads, as the last verification leaves them
         committed = target.prefix_length + start - 1  # every emitted token but the last (the next root)
         ws.target_cache.commit(None, committed)
         if tree.size:
@@ -100,7 +102,7 @@ class Setting:
             ws.drafter_cache.commit(None, committed - pending)
             ws.feature_buffers(torch.zeros(sampling.rows, 1, bundle.config.dim, device=device,
                                            dtype=next(bundle.drafter.parameters()).dtype))
-            ws.pending_tokens[:pending] = ws.tokens[start - pending:start]
+            ws.pending_tokens[:, :pending] = ws.tokens[:, start - pending:start]
             ws.pending_count.fill_(pending)
         self.ws = ws
         self.saved = self.save()
@@ -232,10 +234,11 @@ def wall_clock(bundle: Bundle, sampling: SamplingConfig, images: int, seed: int)
 
 
 def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup: int = 3, images: int = 2,
-            seed: int = 0, compare_steps: bool = False) -> dict:
+            seed: int = 0, compare_steps: bool = False, batches: tuple[int, ...] = (1,)) -> dict:
     """Every part's time, the speed-ups they imply at the paper's tau, and measured whole-image speed-ups;
-    with ``compare_steps``, the AR step under every other steps mode this device runs. A part is a phase of the
-    round as the engine runs it (or, for verification and acceptance, its two halves), from a saved state."""
+    with ``compare_steps``, the AR step under every other steps mode this device runs; with ``batches`` other
+    than (1,), the rounds of each batch size (:func:`batch_rounds`). A part is a phase of the round as the engine
+    runs it (or, for verification and acceptance, its two halves), from a saved state."""
     device = bundle.device
     cut = bundle.target.image_tokens // 2 - 2  # the trees must fit the half image left
 
@@ -266,7 +269,62 @@ def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup:
     return {"model": bundle.name, "device": device_name(device), "dtype": str(bundle.dtype).removeprefix("torch."),
             "steps": bundle.steps, "threads": torch.get_num_threads(), "parts": parts, "implied": implied(parts),
             "ceiling": ceiling(parts) if bundle.drafter is not None and device.type == "cpu" else {},
-            "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None and images else {}}
+            "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None and images else {},
+            "batches": batch_rounds(bundle, sampling, batches, repeats, warmup) if batches != (1,) else []}
+
+
+BATCH_DRAFTS = ("chain:5", "tree:eagle25")
+
+
+def batch_rounds(bundle: Bundle, sampling: SamplingConfig, batches: tuple[int, ...], repeats: int = 20,
+                 warmup: int = 3, drafts: tuple[str, ...] = BATCH_DRAFTS) -> list[dict]:
+    """Per batch size B (spec section 9): an AR step and a whole round of each draft for B images in lockstep,
+    timed from a saved mid-image state as :func:`profile` times them, and the speed-up over batched AR they
+    imply at the paper's tau (tau * AR step / round: both advance B images, a round by tau tokens each on
+    average). The lockstep cost (a batch runs until its slowest image is done) is not in it: the measured
+    images per second of ``bench --latency-batch`` are. Sizes whose caches do not fit are left out, said so."""
+    rows = []
+    for batch in batches:
+        try:
+            check_batch_memory(bundle.target, bundle.drafter, parse_draft(drafts[-1]), sampling, batch)
+        except ValueError as error:
+            rows.append({"batch": batch, "skipped": str(error)})
+            continue
+        ar = Setting(bundle, sampling, DraftTree(()), seed=0, batch=batch)
+        row = {"batch": batch, "ar_step_s": timed(ar.step("verification", verify_phase), repeats, warmup,
+                                                  bundle.device)["median_s"]}
+        del ar
+        for spec in drafts if bundle.drafter is not None else ():
+            setting = Setting(bundle, sampling, parse_draft(spec), seed=0, batch=batch)
+            round_s = timed(setting.round, repeats, warmup, bundle.device)["median_s"]
+            row[f"round {spec}"] = {"round_s": round_s, **round_speedups(round_s, row["ar_step_s"])}
+            del setting
+        rows.append(row)
+    return rows
+
+
+def format_batch_rounds(rows: list[dict]) -> str:
+    """The batch table: per B, the AR step and each draft's round (ms), and the implied speed-ups; then the
+    smallest B where batched AR overtakes each draft at each tau."""
+    timed_rows = [row for row in rows if "skipped" not in row]
+    drafts = [key for key in timed_rows[0] if key.startswith("round ")] if timed_rows else []
+    taus = [key for key in timed_rows[0][drafts[0]] if key.startswith("at tau")] if drafts else []
+    lines = ["| B | AR step ms | " + " | ".join(f"{d} ms | {d} / AR | " + " | ".join(f"{d} {t}" for t in taus)
+                                               for d in drafts) + " |",
+             "|---" * (2 + len(drafts) * (2 + len(taus))) + "|"]
+    for row in timed_rows:
+        cells = [str(row["batch"]), f"{1000 * row['ar_step_s']:.2f}"]
+        for draft in drafts:
+            cells += [f"{1000 * row[draft]['round_s']:.2f}", f"{row[draft]['round_over_ar_step']:.2f}"]
+            cells += [f"{row[draft][tau]:.2f}x" for tau in taus]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [f"* B={row['batch']} skipped: {row['skipped']}" for row in rows if "skipped" in row]
+    for draft in drafts:
+        for tau in taus:
+            over = [row["batch"] for row in timed_rows if row[draft][tau] < 1]
+            lines.append(f"* {draft}, {tau}: " + (f"batched AR overtakes from B = {over[0]}" if over else
+                                                  "speculative decoding still pays at every B measured"))
+    return "\n".join(lines)
 
 
 def device_modes(device: torch.device) -> tuple[str, ...]:
@@ -338,6 +396,9 @@ def format_profile(result: dict) -> str:
         for spec, row in result["ceiling"].items():
             lines.append(f"| {spec} | {100 * row['drafting_matmul_share']:.0f}% | {row['round_over_ar_step']:.2f} | "
                          f"{speedup_cells(row)} | {row['matmuls_only_round_over_ar_step']:.2f} |")
+    if result.get("batches"):
+        lines += ["", "Batches: an AR step and a round for B images in lockstep (implied speed-ups over batched AR "
+                  "at the same B, lockstep cost not included):", "", format_batch_rounds(result["batches"])]
     if result["measured"]:
         lines += ["", "| whole images (measured) | latency ms | tau | speed-up vs AR |", "|---|---|---|---|"]
         lines += [f"| {name} | {1000 * v['latency_median_s']:.1f} | {v['tau']:.2f} | {v['speedup_vs_ar']:.2f}x |"

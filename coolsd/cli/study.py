@@ -44,7 +44,9 @@ class Configuration:
 class Study:
     """What a benchmark measures: every configuration on images 0..images-1 (image i: condition i mod C, seed
     ``seed + i``); images 0..latency_images-1 are also timed, ``repeats`` times each, after ``warmup`` untimed
-    images per configuration. ``skipped``: what a preset offered but the rule refuses here, with the reason."""
+    calls per configuration. ``skipped``: what a preset offered but the rule refuses here, with the reason.
+    ``batch``: images decoded together in the untimed pass (the same tokens as one at a time, spec section 9);
+    ``latency_batches``: the batch sizes the timed images are decoded in, each timed separately."""
 
     configurations: tuple[Configuration, ...]
     images: int
@@ -53,6 +55,8 @@ class Study:
     repeats: int = 1
     warmup: int = 2
     skipped: tuple[dict, ...] = ()
+    batch: int = 1
+    latency_batches: tuple[int, ...] = (1,)
 
     @property
     def timed_images(self) -> int:
@@ -108,9 +112,10 @@ def configuration_label(name: str, params: dict, tree: DraftTree, several_drafts
 
 
 # Records ------------------------------------------------------------------------------------------------------
-def record_key(record: dict) -> tuple[str, str, int]:
-    """A record is a ``sample`` (tokens and quality of a (configuration, image)) or a ``timing`` (its latency)."""
-    return record["kind"], record["configuration"], record["image"]
+def record_key(record: dict) -> tuple[str, str, int, int]:
+    """A record is a ``sample`` (tokens and quality of a (configuration, image)) or a ``timing`` (its latency
+    when decoded in a batch of ``batch`` images; records without the field are of batch 1)."""
+    return record["kind"], record["configuration"], record["image"], record.get("batch", 1)
 
 
 def read_records(path: Path) -> list[dict]:
@@ -125,12 +130,12 @@ def read_records(path: Path) -> list[dict]:
 
 
 class Records:
-    """Finished records by (kind, configuration, image). With a folder, each new one is appended to this
+    """Finished records by (kind, configuration, image, batch). With a folder, each new one is appended to this
     process's ``records-<rank>.jsonl`` as soon as it is done, and a rerun starts from every record file there
     (whatever the number of processes that wrote them)."""
 
     def __init__(self, folder: Path | None = None, rank: int = 0) -> None:
-        self.by_key: dict[tuple[str, str, int], dict] = {}
+        self.by_key: dict[tuple[str, str, int, int], dict] = {}
         self.path = folder / f"records-{rank}.jsonl" if folder is not None else None
         for path in sorted(folder.glob("records-*.jsonl")) if folder is not None else []:
             for record in read_records(path):
@@ -139,8 +144,8 @@ class Records:
             with self.path.open("a") as file:  # end a line cut short, so the next record starts its own
                 file.write("\n")
 
-    def get(self, kind: str, label: str, image: int) -> dict | None:
-        return self.by_key.get((kind, label, image))
+    def get(self, kind: str, label: str, image: int, batch: int = 1) -> dict | None:
+        return self.by_key.get((kind, label, image, batch))
 
     def add(self, record: dict, save: bool = True) -> None:
         self.by_key[record_key(record)] = record

@@ -1,12 +1,20 @@
-"""The decoding loop: one engine for vanilla AR (the empty draft), chain and static-tree speculative decoding.
+"""The decoding loop: one engine for vanilla AR (the empty draft), chain and static-tree speculative decoding, for
+one image or a batch of images in lockstep rounds.
 
 A round (spec section 1) has two phases. ``draft_phase``: the drafter catches up on the pairs the last round
 kept, then drafts the tree level by level. ``verify_phase``: the target scores root + tree in one forward, the
 acceptance walk keeps a path (:func:`coolsd.core.verify.walk`), and the caches commit it. Both read and write
 the fixed buffers of a :class:`Workspace` on the device and read nothing back to the host, so a phase can be
 captured once as a CUDA graph and replayed (:mod:`coolsd.core.graphs`). The host enqueues the rounds it knows
-the image needs (each emits at most depth + 1 tokens), then reads how far the image got; the tokens and every
-round's statistics come back in one copy at the end. Models are used only through :mod:`coolsd.core.interface`.
+the images need (each emits at most depth + 1 tokens), then reads how far the least advanced image got; the
+tokens and every round's statistics come back in one copy at the end. Models are used only through
+:mod:`coolsd.core.interface`.
+
+A batch (spec section 9) carries every per-image quantity with a leading dimension of ``B`` images: its length
+``n``, tokens, drafted tree, records, and a random generator of its own, drawn in the same order whatever the
+batch, so that image ``b``'s numbers, hence its tokens, are those it gets decoded alone. Model rows are
+``g * B`` (``g`` guidance rows per image, conditional rows first). An image that has finished keeps its rows in
+the lockstep forwards (the shapes stay fixed) but commits and records nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +31,7 @@ from torch import Tensor
 
 from .graphs import EAGER, PhaseRunner
 from .interface import Drafter, Target
+from .memory import available_memory, gigabytes
 from .params import check
 from .rules import AcceptanceRule
 from .sampling import SamplingConfig, draw_without_replacement, probabilities, sample
@@ -50,13 +59,15 @@ def causal(length: int, device: torch.device) -> Tensor | None:
 
 
 class Workspace:
-    """The fixed buffers one kind of generation (models, rule, draft tree, sampling) reads and writes on the
-    device. A phase only writes into them in place, so a captured graph of it stays valid for every image."""
+    """The fixed buffers one kind of generation (models, rule, draft tree, sampling, batch size) reads and writes
+    on the device. A phase only writes into them in place, so a captured graph of it stays valid for every
+    batch of images."""
 
     def __init__(self, target: Target, drafter: Drafter | None, rule: AcceptanceRule, tree: DraftTree,
-                 sampling: SamplingConfig, capture: bool = False) -> None:
+                 sampling: SamplingConfig, capture: bool = False, batch: int = 1) -> None:
         self.target, self.drafter, self.rule, self.tree, self.sampling = target, drafter, rule, tree, sampling
-        device, rows, self.rows = target.device, sampling.rows, sampling.rows
+        device, self.batch, self.guidance_rows = target.device, batch, sampling.rows
+        self.rows = rows = sampling.rows * batch
         nodes, window, images = tree.size + 1, tree.depth + 1, target.image_tokens
         self.device, self.dtype = device, acceptance_dtype(device)
         self.index = tree.tensors(device, self.dtype)
@@ -64,46 +75,52 @@ class Workspace:
         self.rules = rules.padded(window + 1, device) if rules is not None else None
         self.last_position = target.prefix_length + images - 1  # positions past the image are clamped (unused)
         max_len = target.prefix_length + images + tree.size
-        self.target_cache = target.new_cache(rows, max_len)
-        self.drafter_cache = drafter.new_cache(rows, max_len) if tree.size else None
-        self.generator = torch.Generator(device=device)
+        self.target_cache = target.new_cache(rows, max_len, batch)
+        self.drafter_cache = drafter.new_cache(rows, max_len, batch) if tree.size else None
+        self.generators = [torch.Generator(device=device) for _ in range(batch)]  # one random stream per image
         self.timer = Timer(events=device.type == "cuda")
-        self.tokens = torch.zeros(images + window, dtype=torch.long, device=device)  # the image, then scratch
-        self.n = torch.zeros((), dtype=torch.long, device=device)  # tokens emitted so far
-        self.rounds = torch.zeros((), dtype=torch.long, device=device)
-        self.round_index = self.rounds.view(1)  # the records' row of this round
-        # the drafted tree, with the walk's leading batch dimension: tokens, validity, draft distributions
-        self.node_tokens = torch.zeros(1, nodes, dtype=torch.long, device=device)
-        self.node_valid = torch.ones(1, nodes, dtype=torch.bool, device=device)
+        self.tokens = torch.zeros(batch, images + window, dtype=torch.long, device=device)  # images, then scratch
+        self.n = torch.zeros(batch, dtype=torch.long, device=device)  # tokens emitted so far, per image
+        self.rounds = torch.zeros(batch, dtype=torch.long, device=device)  # rounds each image took part in
+        self.image_range = torch.arange(batch, device=device)
+        # the drafted trees: tokens, validity, draft distributions
+        self.node_tokens = torch.zeros(batch, nodes, dtype=torch.long, device=device)
+        self.node_valid = torch.ones(batch, nodes, dtype=torch.bool, device=device)
         # one per inner node, in the acceptance dtype (drafting's float32 rows are converted as they are stored)
-        self.q = torch.zeros(1, len(tree.inner_nodes), target.vocab_size, dtype=self.dtype, device=device)
+        self.q = torch.zeros(batch, len(tree.inner_nodes), target.vocab_size, dtype=self.dtype, device=device)
+        # random numbers, drawn per image before they are needed: each level's exponential races (float32, as
+        # the draft distributions), the walk's uniforms, the first token's uniform
+        self.races = [torch.zeros(batch, len(level["distinct"]), target.vocab_size, device=device)
+                      for level in tree.level_draws]
+        self.walk_uniforms = torch.zeros(batch, tree.size + 2, dtype=self.dtype, device=device)
+        self.first_uniforms = torch.zeros(batch, 1, dtype=self.dtype, device=device)
         # the (input, feature) pairs the drafter has not seen: the last round's kept nodes and emitted tokens
-        self.pending_count = torch.zeros((), dtype=torch.long, device=device)
-        self.pending_tokens = torch.zeros(window, dtype=torch.long, device=device)
+        self.pending_count = torch.zeros(batch, dtype=torch.long, device=device)
+        self.pending_tokens = torch.zeros(batch, window, dtype=torch.long, device=device)
         self.pending_features: Tensor | None = None  # (rows, window, dim), made by the first prefill
         self.node_features: Tensor | None = None  # (rows, nodes, dim): the drafter's predicted feature per node
         self.hidden = self.logits = None  # the last verification forward's features and logits
         widths = record_widths(nodes, len(tree.inner_nodes), tree.depth)
-        self.records = torch.zeros(images, sum(widths.values()), dtype=torch.float64, device=device)
-        self.row = torch.zeros(1, self.records.shape[1], dtype=torch.float64, device=device)  # this round's record
+        self.records = torch.zeros(batch, images, sum(widths.values()), dtype=torch.float64, device=device)
+        self.row = torch.zeros(batch, self.records.shape[2], dtype=torch.float64, device=device)  # this round's
         bounds = dict(zip(widths, np.cumsum([0, *widths.values()])))
         self.groups = [record_view(self.row, bounds[group[0]], len(group), widths[group[0]])
                        for group in RECORD_GROUPS]  # each group's fields, shaped as the round writes them
         if not tree.size:  # an AR step's record: one kept root, its token drawn from the target
             for name, value in (("count", 1), ("origin", TARGET_CODE), ("valid", 1), ("on_path", 1)):
                 self.row[:, bounds[name]].fill_(value)
-        self.n_view = self.n.view(1)
-        shape = (images, window, target.vocab_size)
+        shape = (batch, images, window, target.vocab_size)
         self.captured = (torch.zeros(shape, device=device), torch.zeros(shape, device=device)) if capture else None
         self.window_mask = causal(window, device)
         self.window_range = torch.arange(window, device=device)
 
-    def reset(self, seed: int) -> None:
-        """A new image: empty caches, the generator seeded, counters at zero (buffers kept, in place)."""
+    def reset(self, seeds: Sequence[int]) -> None:
+        """New images: empty caches, each image's generator seeded, counters at zero (buffers kept, in place)."""
         for cache in (self.target_cache, self.drafter_cache):
             if cache is not None:
                 cache.reset()
-        self.generator.manual_seed(seed)
+        for generator, seed in zip(self.generators, seeds, strict=True):
+            generator.manual_seed(seed)
         self.n.zero_()
         self.rounds.zero_()
 
@@ -113,42 +130,69 @@ class Workspace:
             self.pending_features = like.new_zeros(self.rows, self.tree.depth + 1, like.shape[-1])
             self.node_features = like.new_zeros(self.rows, self.tree.size + 1, like.shape[-1])
 
-    def uniforms(self, *shape: int) -> Tensor:
-        return torch.rand(shape, generator=self.generator, dtype=self.dtype, device=self.device)
+    def draw_randoms(self, uniforms: Tensor) -> None:
+        """From each image's own generator: ``uniforms`` (this round's, or the first token's), then the next
+        round's exponential races for every draft level, however deep that round drafts. So an image consumes
+        its stream in the same order alone or in any batch (spec section 9)."""
+        for image, generator in enumerate(self.generators):
+            uniforms[image].uniform_(generator=generator)
+            for races in self.races:
+                races[image].exponential_(generator=generator)
 
     def allowed(self, offsets: Tensor) -> Tensor | None:
-        """(T, V): what generated positions ``n + offsets`` allow, for a constrained model; else None."""
-        return self.rules.allowed_at(self.n + offsets) if self.rules is not None else None
+        """(B, T, V): what generated positions ``n + offsets`` allow, for a constrained model; else None."""
+        return self.rules.allowed_at(self.n[:, None] + offsets) if self.rules is not None else None
+
+    def per_row(self, per_image: Tensor) -> Tensor:
+        """A per-image tensor (B, ...) for every model row (g * B, ...), conditional rows first."""
+        if self.batch == 1:
+            return per_image.expand(self.rows, *per_image.shape[1:])
+        return per_image.repeat(self.guidance_rows, *([1] * (per_image.dim() - 1)))
+
+    def row_positions(self, positions: Tensor) -> Tensor:
+        """Per-image positions (B, T) as a model takes them: (T,) shared by the rows of one image, else per row."""
+        return positions[0] if self.batch == 1 else positions.repeat(self.guidance_rows, 1)
+
+    def guided(self, logits: Tensor, allowed: Tensor | None) -> Tensor:
+        """Model rows' logits (g * B, T, V) -> each image's guided, filtered distributions (B, T, V)."""
+        return probabilities(logits.unflatten(0, (self.guidance_rows, self.batch)), self.sampling, allowed)
 
 
-def prefill(ws: Workspace, condition: Any) -> None:
-    """Score the condition's P prefix positions and draw the first image token from the last one. The drafter
-    sees the prefix pairs but the last: slot s pairs the target's feature at s with the next input (the prefix's
-    embedding at s + 1); slot P - 1 pairs with the first token and is the first round's catch-up."""
-    target, device, rows = ws.target, ws.device, ws.rows
+def stack_rows(per_image: list[Tensor]) -> Tensor:
+    """Each image's rows (g, ...) -> the batch's model rows (g * B, ...), conditional rows of every image first."""
+    return per_image[0] if len(per_image) == 1 else torch.stack(per_image, 1).flatten(0, 1)
+
+
+def prefill(ws: Workspace, conditions: Sequence[Any]) -> None:
+    """Score each condition's P prefix positions and draw each image's first token from the last one. The
+    drafter sees the prefix pairs but the last: slot s pairs the target's feature at s with the next input (the
+    prefix's embedding at s + 1); slot P - 1 pairs with the first token and is the first round's catch-up."""
+    target, device = ws.target, ws.device
     with ws.timer.phase("target_forward"):
-        prefix = target.prefix(condition, rows)
-        length = prefix.length
-        hidden = target(prefix.embeds, torch.arange(length, device=device), ws.target_cache, 0,
-                        causal(length, device), prefix.valid)
+        prefixes = [target.prefix(condition, ws.guidance_rows) for condition in conditions]
+        embeds = stack_rows([prefix.embeds for prefix in prefixes])
+        valid = stack_rows([prefix.valid for prefix in prefixes]) if prefixes[0].valid is not None else None
+        length = embeds.shape[1]
+        hidden = target(embeds, torch.arange(length, device=device), ws.target_cache, 0, causal(length, device), valid)
         ws.target_cache.commit(None, length)
         logits = target.logits(hidden[:, -1:])
     with ws.timer.phase("acceptance"):
-        first_probs = probabilities(logits, ws.sampling, ws.allowed(ws.window_range[:1]))  # n is 0
-        first = sample(distributions(first_probs.to(ws.dtype)), ws.uniforms(1))
-        ws.tokens[:1] = first
+        ws.draw_randoms(ws.first_uniforms)
+        first_probs = ws.guided(logits, ws.allowed(ws.window_range[:1]))[:, 0]  # n is 0
+        first = sample(distributions(first_probs.to(ws.dtype)), ws.first_uniforms[:, 0])
+        ws.tokens[:, 0] = first
         ws.n.fill_(1)
     if ws.drafter_cache is None:
         return
     with ws.timer.phase("drafting"):
         if length > 1:
-            lead = ws.drafter.lead_inputs(prefix.embeds)
+            lead = ws.drafter.lead_inputs(embeds)
             ws.drafter(lead, hidden[:, :-1], torch.arange(length - 1, device=device), ws.drafter_cache, 0,
                        causal(length - 1, device))
             ws.drafter_cache.commit(None, length - 1)
         ws.feature_buffers(hidden)
         ws.pending_features[:, :1] = hidden[:, -1:]
-        ws.pending_tokens[:1] = first
+        ws.pending_tokens[:, 0] = first
         ws.pending_count.fill_(1)
 
 
@@ -156,41 +200,42 @@ def draft_phase(ws: Workspace, levels: int | None = None) -> None:
     """Catch the drafter up on the pending (input, target feature) pairs (a fixed window, the first
     ``pending_count`` real), then draft the tree depth by depth from its own predicted features: per node the
     token, its validity and (at inner nodes) the draft distribution its children are drawn from. ``levels``
-    (default: every one) stops early where the image surely ends sooner; the deeper nodes are then invalid."""
+    (default: every one) stops early where every image surely ends sooner; the deeper nodes are then invalid."""
     with ws.timer.phase("drafting"):
         draft_tree(ws, ws.tree.depth if levels is None else levels)
 
 
 def draft_tree(ws: Workspace, levels: int) -> None:
-    drafter, target, tree, index, rows = ws.drafter, ws.target, ws.tree, ws.index, ws.rows
+    drafter, target, tree, index = ws.drafter, ws.target, ws.tree, ws.index
     cache, count = ws.drafter_cache, ws.pending_count
     root_position = ws.n + (target.prefix_length - 1)  # the root: the last emitted token, not yet in any cache
-    inputs = drafter.embed(ws.pending_tokens)[None].expand(rows, -1, -1)
-    positions = (root_position - count + ws.window_range).clamp_max(ws.last_position)
-    out = drafter(inputs, ws.pending_features, positions, cache, 0, ws.window_mask)
+    inputs = ws.per_row(drafter.embed(ws.pending_tokens))
+    positions = (root_position[:, None] - count[:, None] + ws.window_range).clamp_max(ws.last_position)
+    out = drafter(inputs, ws.pending_features, ws.row_positions(positions), cache, 0, ws.window_mask)
     cache.commit(None, count)
 
     features = ws.node_features
-    features[:, :1] = out.index_select(1, (count - 1).reshape(1))
-    level_positions = (root_position + ws.window_range[:levels]).clamp_max(ws.last_position)  # depth d: root + d - 1
+    last_pair = ws.per_row((count - 1).clamp_min(0))  # a finished image has none: any row will do
+    features[:, :1] = out.gather(1, last_pair[:, None, None].expand(-1, 1, out.shape[-1]))
+    level_positions = (root_position[:, None] + ws.window_range[:levels]).clamp_max(ws.last_position)  # depth d
     level_allowed = ws.allowed(ws.window_range[:levels])  # depth d's tokens: generated position n + d - 1
-    tokens, valid = ws.node_tokens[0], ws.node_valid[0]
+    tokens, valid = ws.node_tokens, ws.node_valid
     for depth, level in enumerate(index["levels"][:levels], start=1):
         nodes = tree.levels[depth]
-        allowed = level_allowed[depth - 1:depth] if level_allowed is not None else None
-        q_level = probabilities(target.logits(features[:, level["distinct"]]), ws.sampling, allowed)
-        ws.q[0, level["distinct_inner"]] = q_level
-        drawn, drawn_valid = draw_without_replacement(q_level, level["width"], ws.generator)
-        tokens[nodes.start:nodes.stop] = drawn.flatten()[level["drawn"]]
-        valid[nodes.start:nodes.stop] = drawn_valid.flatten()[level["drawn"]] & valid[level["parents"]]
+        allowed = level_allowed[:, depth - 1:depth] if level_allowed is not None else None
+        q_level = ws.guided(target.logits(features[:, level["distinct"]]), allowed)  # (B, parents, V)
+        ws.q[:, level["distinct_inner"]] = q_level
+        drawn, drawn_valid = draw_without_replacement(q_level, level["width"], ws.races[depth - 1])
+        tokens[:, nodes.start:nodes.stop] = drawn.flatten(1)[:, level["drawn"]]
+        valid[:, nodes.start:nodes.stop] = drawn_valid.flatten(1)[:, level["drawn"]] & valid[:, level["parents"]]
         if depth < levels:
-            embeds = drafter.embed(tokens[nodes.start:nodes.stop])[None].expand(rows, -1, -1)
-            positions = level_positions[depth - 1:depth].expand(len(nodes))
+            embeds = ws.per_row(drafter.embed(tokens[:, nodes.start:nodes.stop]))
+            positions = ws.row_positions(level_positions[:, depth - 1:depth].expand(-1, len(nodes)))
             mask = None if level["sees_all"] else index["mask"][nodes.start:nodes.stop, 1:nodes.stop]
             features[:, nodes.start:nodes.stop] = drafter(embeds, features[:, level["parents"]], positions, cache,
                                                           nodes.start - 1, mask)
     if levels < tree.depth:
-        valid[tree.levels[levels + 1].start:] = False
+        valid[:, tree.levels[levels + 1].start:] = False
 
 
 def verify_phase(ws: Workspace) -> None:
@@ -204,96 +249,109 @@ def score(ws: Workspace) -> None:
     features and logits, kept in the workspace for :func:`accept`."""
     target, tree, index = ws.target, ws.tree, ws.index
     with ws.timer.phase("target_forward"):
-        ws.node_tokens[:, :1].copy_(ws.tokens.index_select(0, ws.n_view - 1))  # the root: the last emitted token
-        embeds = target.embed(ws.node_tokens).expand(ws.rows, -1, -1)
-        positions = (ws.n + target.prefix_length - 1 + index["depths"]).clamp_max(ws.last_position)
-        ws.hidden = target(embeds, positions, ws.target_cache, 0, index["mask"] if tree.size else None)
+        ws.node_tokens[:, :1] = ws.tokens.gather(1, (ws.n - 1)[:, None])  # the root: the last emitted token
+        embeds = ws.per_row(target.embed(ws.node_tokens))
+        positions = (ws.n[:, None] + (target.prefix_length - 1) + index["depths"]).clamp_max(ws.last_position)
+        ws.hidden = target(embeds, ws.row_positions(positions), ws.target_cache, 0,
+                           index["mask"] if tree.size else None)
         ws.logits = target.logits(ws.hidden)
 
 
 def accept(ws: Workspace) -> None:
-    """Walk the scored tree with the rule, then commit: the kept path's keys in the target cache, the emitted
-    tokens, the next catch-up's pairs, and the round's record."""
-    tree, index = ws.tree, ws.index
+    """Walk each image's scored tree with the rule, then commit: the kept path's keys in the target cache, the
+    emitted tokens, the next catch-up's pairs, and the round's record. A finished image commits nothing."""
+    tree, index, images = ws.tree, ws.index, ws.target.image_tokens
     with ws.timer.phase("acceptance"):
-        p = probabilities(ws.logits, ws.sampling, ws.allowed(index["depths"]))[None].to(ws.dtype)
-        valid = ws.node_valid & (index["depths"] < ws.target.image_tokens - ws.n)  # nothing past the image's end
+        ws.draw_randoms(ws.walk_uniforms)
+        p = ws.guided(ws.logits, ws.allowed(index["depths"])).to(ws.dtype)
+        valid = ws.node_valid & (index["depths"] < (images - ws.n)[:, None])  # nothing past the image's end
         if tree.size:
             p, q = distributions(p), distributions(ws.q)
-        verdict = walk(index, ws.node_tokens, valid, p, q if tree.size else p, ws.rule,
-                       ws.uniforms(1, tree.size + 2))
-        keep, count = verdict.keep[0], verdict.count[0]
-        ws.target_cache.commit(None if tree.is_chain else keep, count)
-        record(ws, verdict, valid)
+        verdict = walk(index, ws.node_tokens, valid, p, q if tree.size else p, ws.rule, ws.walk_uniforms)
+        active = ws.n < images
+        count = verdict.count * active
+        ws.target_cache.commit(None if tree.is_chain else verdict.keep, count)
+        record(ws, verdict, valid, count)
         if ws.captured is not None:  # the (p, q) rows at each kept node (q: its row among the inner nodes)
-            for buffer, rows in zip(ws.captured, (p[:, keep], q[:, index["inner_row"][keep]])):
-                buffer.index_copy_(0, ws.round_index, rows.float())
-        ws.tokens.index_copy_(0, ws.n + ws.window_range, verdict.emitted[0])
+            kept_rows = (verdict.keep, index["inner_row"][verdict.keep])
+            for buffer, dist, at in zip(ws.captured, (p, q), kept_rows):
+                buffer.index_put_((ws.image_range, ws.rounds), gather_rows(dist, at).float())
+        ws.tokens.scatter_(1, ws.n[:, None] + ws.window_range, verdict.emitted)
         if ws.drafter_cache is not None:
             hidden = ws.hidden
-            ws.pending_features.copy_(hidden[:, :tree.depth + 1] if tree.is_chain else hidden.index_select(1, keep))
-            ws.pending_tokens.copy_(verdict.emitted[0])
+            ws.pending_features.copy_(hidden[:, :tree.depth + 1] if tree.is_chain else
+                                      gather_rows(hidden, ws.per_row(verdict.keep)))
+            ws.pending_tokens.copy_(verdict.emitted)
             ws.pending_count.copy_(count)
         ws.n.add_(count)
-        ws.rounds.add_(1)
+        ws.rounds.add_(active)
+
+
+def gather_rows(values: Tensor, index: Tensor) -> Tensor:
+    """``values[b, index[b, j]]`` for (B, N, F) values and (B, J) indices -> (B, J, F)."""
+    return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
 
 
 def record_view(row: Tensor, start: int, fields: int, width: int) -> Tensor:
-    """The part of the record row (1, W) where ``fields`` fields of ``width`` start at ``start``: (1, width) for
-    one field, (1, fields) for several scalars, else (1, fields, width)."""
+    """The part of the record rows (B, W) where ``fields`` fields of ``width`` start at ``start``: (B, width)
+    for one field, (B, fields) for several scalars, else (B, fields, width)."""
     part = row[:, start:start + fields * width]
-    return part if fields == 1 or width == 1 else part.view(1, fields, width)
+    return part if fields == 1 or width == 1 else part.view(len(row), fields, width)
 
 
-def record(ws: Workspace, verdict: Verdict, valid: Tensor) -> None:
-    """This round's record into its row of ``ws.records``, group by group (RECORD_GROUPS); an AR step writes its
-    start and token (its other fields are constants, set once)."""
+def record(ws: Workspace, verdict: Verdict, valid: Tensor, count: Tensor) -> None:
+    """This round's record into each image's next row of ``ws.records``, group by group (RECORD_GROUPS); an AR
+    step writes its start and token (its other fields are constants, set once). A finished image's row lands
+    past its last round, where nothing reads it."""
     if ws.tree.size:
-        groups = (torch.stack([ws.n_view, verdict.count, verdict.origin], 1), verdict.emitted, ws.node_tokens,
+        groups = (torch.stack([ws.n, count, verdict.origin], 1), verdict.emitted, ws.node_tokens,
                   torch.stack([valid, verdict.accepted, verdict.tested, verdict.on_path], 1),
                   torch.stack([verdict.accept_prob, verdict.cost], 1), verdict.level_prob)
         for view, value in zip(ws.groups, groups):
             view.copy_(value)
     else:
-        ws.groups[0][:, :1].copy_(ws.n_view)
+        ws.groups[0][:, :1].copy_(ws.n[:, None])
         ws.groups[1].copy_(verdict.emitted)
-    ws.records.index_copy_(0, ws.round_index, ws.row)
+    ws.records.index_put_((ws.image_range, ws.rounds), ws.row)
 
 
 def rounds_needed(remaining: int, depth: int) -> int:
-    """Rounds the image surely still needs: each emits at most ``depth + 1`` tokens (fewer near the end)."""
+    """Rounds an image surely still needs: each emits at most ``depth + 1`` tokens (fewer near the end)."""
     return math.ceil(remaining / (depth + 1))
 
 
-def run_rounds(ws: Workspace, runner: PhaseRunner) -> tuple[int, int]:
-    """Enqueue rounds until the image is done, reading its length only once the known-needed rounds are queued
-    (the one host read between rounds; on CUDA it waits for them). Each round emits at least one token, so the
-    host knows a lower bound on the length, and drafts no deeper than the image can still use (a captured
-    drafting phase per depth). Returns the rounds and the drafter levels run."""
+def run_rounds(ws: Workspace, runner: PhaseRunner) -> list[int]:
+    """Enqueue rounds until every image is done, reading the least advanced image's length only once the rounds
+    it surely needs are queued (the one host read between rounds; on CUDA it waits for them). Each round emits
+    at least one token per unfinished image, so the host knows a lower bound on every length, and drafts no
+    deeper than the least advanced image can still use (a captured drafting phase per depth). Returns the
+    drafter levels each round ran."""
     images, depth = ws.target.image_tokens, ws.tree.depth
-    done, levels_run, emitted = 0, 0, 1
+    levels_run, emitted = [], 1
     while emitted < images:
-        batch = rounds_needed(images - emitted, depth)
-        for at_least in range(emitted, emitted + batch):
+        for at_least in range(emitted, emitted + rounds_needed(images - emitted, depth)):
             levels = min(depth, images - at_least - 1)
             if levels > 0:
                 runner.run(ws, f"drafting:{levels}", functools.partial(draft_phase, levels=levels))
-                levels_run += levels
             runner.run(ws, "verification", verify_phase)
-        done += batch
-        emitted = int(ws.n)
-    return done, levels_run
+            levels_run.append(max(levels, 0))
+        emitted = int(ws.n.min())
+    return levels_run
 
 
-def read_back(ws: Workspace, stats: GenerationStats, rounds: int, levels: int) -> list[int]:
-    """The image's tokens and every round's statistics, copied from the device once."""
-    records = ws.records[:rounds].cpu().numpy()
-    tokens = ws.tokens[:ws.target.image_tokens].tolist()
-    captured = tuple(buffer[:rounds].cpu().numpy() for buffer in ws.captured) if ws.captured is not None else None
-    stats.rounds.append(Round(0, [], [], [], {}, tokens[:1], FIRST))
-    stats.emit(FIRST)
-    add_rounds(stats, records, ws.tree, captured)
-    stats.drafter_forwards = levels
+def read_back(ws: Workspace, stats: list[GenerationStats], levels_run: list[int]) -> list[list[int]]:
+    """Each image's tokens and every round's statistics, copied from the device once."""
+    read = torch.cat([ws.rounds[:, None], ws.tokens[:, :ws.target.image_tokens]], 1).tolist()  # rounds, tokens
+    rounds, tokens = [row[0] for row in read], [row[1:] for row in read]
+    records = ws.records[:, :max(rounds)].cpu().numpy()
+    captured = tuple(buffer[:, :max(rounds)].cpu().numpy() for buffer in ws.captured) \
+        if ws.captured is not None else None
+    for image, (image_stats, image_tokens, image_rounds) in enumerate(zip(stats, tokens, rounds)):
+        image_stats.rounds.append(Round(0, [], [], [], {}, image_tokens[:1], FIRST))
+        image_stats.emit(FIRST)
+        add_rounds(image_stats, records[image, :image_rounds], ws.tree,
+                   tuple(c[image] for c in captured) if captured is not None else None)
+        image_stats.drafter_forwards = sum(levels_run[:image_rounds])  # the rounds it took part in
     return tokens
 
 
@@ -302,43 +360,124 @@ def describe(condition: Any) -> dict:
     return condition.describe() if hasattr(condition, "describe") else {"class_id": condition}
 
 
+def check_batch(conditions: Sequence[Any], seeds: Sequence[int]) -> int:
+    """The batch size: as many seeds as conditions, at least one image (one-line errors otherwise)."""
+    if isinstance(conditions, (str, bytes)) or not isinstance(conditions, Sequence) or \
+            isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
+        raise ValueError("a batch takes a list of conditions and a list of seeds, one per image")  # noqa: TRY004
+    if len(conditions) != len(seeds):
+        raise ValueError(f"a batch needs one seed per image: got {len(conditions)} conditions and {len(seeds)} seeds")
+    if not conditions:
+        raise ValueError("a batch needs at least one image: got no conditions and no seeds")
+    return len(seeds)
+
+
+def cache_bytes_per_slot(model: Any) -> int:
+    """Bytes of keys and values one model row keeps per cached position (read off a one-slot cache)."""
+    cache = model.new_cache(1, 1)
+    return 2 * cache.keys.numel() * cache.keys.element_size()
+
+
+def batch_memory(target: Target, drafter: Drafter | None, tree: DraftTree, sampling: SamplingConfig,
+                 batch: int, capture: bool = False) -> dict[str, int]:
+    """Bytes a batch of ``batch`` images holds for its whole decoding, computed from shapes (an estimate, not a
+    measurement): both KV caches, and the workspace's per-image buffers (logits of a verification, draft
+    distributions and races, records, attention masks of the per-image caches, captured rows)."""
+    rows, images, vocab = sampling.rows * batch, target.image_tokens, target.vocab_size
+    slots = target.prefix_length + images + tree.size
+    nodes, window = tree.size + 1, tree.depth + 1
+    wide = acceptance_dtype(target.device).itemsize
+    caches = cache_bytes_per_slot(target) * rows * slots
+    if tree.size and drafter is not None:
+        caches += cache_bytes_per_slot(drafter) * rows * slots
+    per_image = (sampling.rows * nodes * vocab * 4  # logits
+                 + nodes * vocab * (wide * 3 + 4)  # p, its residuals, q
+                 + (sum(len(level["distinct"]) for level in tree.level_draws) * vocab * 4)  # races
+                 + images * 8 * (4 * nodes + 3 * window + 8)  # records (about)
+                 + sampling.rows * nodes * slots * 5  # a forward's attention mask (bool, then additive)
+                 + (2 * images * window * vocab * 4 if capture else 0))
+    return {"caches": caches, "buffers": per_image * batch, "total": caches + per_image * batch}
+
+
+def check_batch_memory(target: Target, drafter: Drafter | None, tree: DraftTree, sampling: SamplingConfig,
+                       batch: int, capture: bool = False) -> dict[str, int]:
+    """:func:`batch_memory`, refused in one line when it exceeds what the device has free (with the largest
+    batch that would fit); else the estimate and what is available."""
+    need = batch_memory(target, drafter, tree, sampling, batch, capture)
+    free = available_memory(target.device)
+    if need["total"] > free:
+        fits = int(batch * free / need["total"])
+        raise ValueError(f"a batch of {batch} images needs about {gigabytes(need['total'])} on {target.device} "
+                         f"({gigabytes(need['caches'])} of KV caches), only {gigabytes(free)} is free: use a batch of "
+                         f"at most {fits}" if fits else
+                         f"a batch of {batch} images needs about {gigabytes(need['total'])} on {target.device}, "
+                         f"only {gigabytes(free)} is free")
+    return {**need, "available": free}
+
+
+def new_stats(rule: AcceptanceRule, tree: DraftTree, sampling: SamplingConfig, condition: Any, seed: int,
+              batch: int) -> GenerationStats:
+    info = describe(condition)
+    return GenerationStats(method=rule.name, params=rule.params(), draft=tree.name, tree_depth=tree.depth,
+                           class_id=info.get("class_id"), seed=seed, sampling=sampling.to_dict(),
+                           omegas=[rule.omega(d) for d in range(1, tree.depth + 1)], condition=info, batch=batch)
+
+
 @torch.inference_mode()
-def decode(target: Target, drafter: Drafter | None, condition: Any, rule: AcceptanceRule, tree: DraftTree,
-           sampling: SamplingConfig, seed: int, capture: bool = False, runner: PhaseRunner = EAGER) -> Generation:
-    """Generate one image's tokens. ``tree`` empty (or a rule that does not draft, AR) = vanilla AR: one
-    token per target forward. ``runner`` runs the round's phases (eagerly, or as CUDA graphs)."""
+def decode_batch(target: Target, drafter: Drafter | None, conditions: Sequence[Any], rule: AcceptanceRule,
+                 tree: DraftTree, sampling: SamplingConfig, seeds: Sequence[int], capture: bool = False,
+                 runner: PhaseRunner = EAGER) -> list[Generation]:
+    """Generate one image per (condition, seed), all in lockstep rounds (spec section 9): image ``b``'s tokens
+    are those of decoding it alone with ``seeds[b]``. ``tree`` empty (or a rule that does not draft, AR) =
+    vanilla AR: one token per target forward. ``runner`` runs the round's phases (eagerly, or as CUDA graphs).
+    Every image's statistics carry the batch's timings."""
     tree = tree if rule.drafts else EMPTY
     if tree.size and drafter is None:
         raise ValueError("this model has no drafter: only method 'ar' is available")
-    condition_info = describe(condition)
-    stats = GenerationStats(method=rule.name, params=rule.params(), draft=tree.name, tree_depth=tree.depth,
-                            class_id=condition_info.get("class_id"), seed=seed, sampling=sampling.to_dict(),
-                            omegas=[rule.omega(d) for d in range(1, tree.depth + 1)], condition=condition_info)
-    with runner.generation():  # a runner that keeps workspaces shares its models' caches: one image at a time
-        ws = runner.workspace((id(target), id(drafter), repr(rule), tree, sampling, capture),
-                              lambda: Workspace(target, drafter, rule, tree, sampling, capture))
+    batch = check_batch(conditions, seeds)
+    if batch > 1:  # before anything else: a batch far too large is refused at once
+        check_batch_memory(target, drafter, tree, sampling, batch, capture)
+    seeds = [check("seed", seed, high=2**63 - 1) for seed in seeds]
+    stats = [new_stats(rule, tree, sampling, c, s, batch) for c, s in zip(conditions, seeds)]
+    with runner.generation():  # a runner that keeps workspaces shares its models' caches: one batch at a time
+        ws = runner.workspace((id(target), id(drafter), repr(rule), tree, sampling, capture, batch),
+                              lambda: Workspace(target, drafter, rule, tree, sampling, capture, batch))
         began = time.perf_counter()
-        ws.reset(seed)
+        ws.reset(seeds)
         ws.timer = Timer(events=ws.device.type == "cuda")
-        prefill(ws, condition)
-        rounds, levels = run_rounds(ws, runner)
+        prefill(ws, conditions)
+        levels_run = run_rounds(ws, runner)
         phases = ws.timer.finish()  # on CUDA: the one wait for the device's timing events
-        tokens = read_back(ws, stats, rounds, levels)
-    stats.seconds = dict(phases, total=time.perf_counter() - began)
-    stats.seconds["other"] = stats.seconds["total"] - sum(phases.values())
-    return Generation(tokens, stats)
+        tokens = read_back(ws, stats, levels_run)
+    seconds = dict(phases, total=time.perf_counter() - began)
+    seconds["other"] = seconds["total"] - sum(phases.values())
+    for image_stats in stats:
+        image_stats.seconds = dict(seconds)
+    return [Generation(image_tokens, image_stats) for image_tokens, image_stats in zip(tokens, stats)]
+
+
+def decode(target: Target, drafter: Drafter | None, condition: Any, rule: AcceptanceRule, tree: DraftTree,
+           sampling: SamplingConfig, seed: int, capture: bool = False, runner: PhaseRunner = EAGER) -> Generation:
+    """Generate one image's tokens: :func:`decode_batch` of one."""
+    return decode_batch(target, drafter, [condition], rule, tree, sampling, [seed], capture, runner)[0]
+
+
+def generate_batch(bundle, conditions: Sequence[Any], rule: AcceptanceRule, draft: DraftTree | None = None,
+                   sampling: SamplingConfig | None = None, seeds: Sequence[int] = (0,),
+                   capture: bool = False) -> list[Generation]:
+    """Images' tokens and statistics from a model bundle (anything with ``target``, ``drafter``, a default
+    ``sampling`` and a phase ``runner``): one per (condition, seed) pair, decoded together in lockstep rounds
+    (``conditions``: class ids, or a model's condition objects), with an acceptance ``rule`` object, a ``draft``
+    tree (ignored by rules that do not draft) and ``sampling`` (default: the bundle's)."""
+    return decode_batch(bundle.target, bundle.drafter, conditions, rule, draft or EMPTY, sampling or bundle.sampling,
+                        seeds, capture=capture, runner=getattr(bundle, "runner", EAGER))
 
 
 def generate(bundle, condition: Any, rule: AcceptanceRule, draft: DraftTree | None = None,
              sampling: SamplingConfig | None = None, seed: int = 0, capture: bool = False) -> Generation:
-    """One image's tokens and statistics from a model bundle (anything with ``target``, ``drafter``, a default
-    ``sampling`` and a phase ``runner``): ``condition`` (a class id, or a model's condition object), an
-    acceptance ``rule`` object, a ``draft`` tree (ignored by rules that do not draft), ``sampling`` (default:
-    the bundle's)."""
-    seed = check("seed", seed, high=2**63 - 1)
-    return decode(bundle.target, bundle.drafter, condition, rule, draft or EMPTY, sampling or bundle.sampling, seed,
-                  capture=capture, runner=getattr(bundle, "runner", EAGER))
+    """One image's tokens and statistics from a model bundle: :func:`generate_batch` of one."""
+    return generate_batch(bundle, [condition], rule, draft, sampling, [seed], capture)[0]
 
 
-__all__ = ["EMPTY", "Generation", "Workspace", "accept", "decode", "draft_phase", "generate", "prefill", "score",
-           "verify_phase", "walk"]
+__all__ = ["EMPTY", "Generation", "Workspace", "accept", "batch_memory", "check_batch_memory", "decode",
+           "decode_batch", "draft_phase", "generate", "generate_batch", "prefill", "score", "verify_phase", "walk"]

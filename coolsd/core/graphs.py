@@ -135,7 +135,8 @@ class CudaGraphPhases(KeptPhases):
                 phase(workspace)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            graph.register_generator_state(workspace.generator)
+            for generator in workspace.generators:  # one per image
+                graph.register_generator_state(generator)
             with torch.cuda.graph(graph):
                 phase(workspace)
         finally:

@@ -3,7 +3,10 @@ decoder implements (structural typing: no base class to inherit). ``coolsd.model
 
 Sequence layout (spec section 7): a condition becomes ``P >= 1`` prefix positions (a class token; or caption
 slots with a padding mask); image token ``i`` sits at position ``P + i``. Every tensor of a forward has
-``rows`` batch rows: row 0 conditional, row 1 unconditional when guidance is on (spec section 1).
+``rows`` batch rows: for one image, row 0 conditional and row 1 unconditional when guidance is on (spec section
+1); for a batch of ``B`` images (spec section 9), ``g * B`` rows with ``g`` guidance rows per image, the
+conditional rows of all images first, so row ``r`` belongs to image ``r mod B``. Positions are (T,), shared by
+every row, or (rows, T) where the images of a batch stand at different lengths.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ class PositionRules:
         return PositionRules(kinds.to(device), self.allowed.to(device))
 
     def allowed_at(self, positions: Tensor) -> Tensor:
-        """(T, V) bool: the tokens generated positions ``positions`` (T,) allow (two lookups, on the device)."""
-        return self.allowed.index_select(0, self.kinds.index_select(0, positions))
+        """(..., V) bool: the tokens generated ``positions`` (...) allow (two lookups, on the device)."""
+        kinds = self.kinds.index_select(0, positions.reshape(-1))
+        return self.allowed.index_select(0, kinds).view(*positions.shape, -1)
 
 
 def allowed_tokens(target: Any, positions: Tensor) -> Tensor | None:
@@ -59,8 +63,8 @@ def allowed_tokens(target: Any, positions: Tensor) -> Tensor | None:
 class Cache(Protocol):
     """A model's key/value cache: committed positions, then a pending area a forward writes after them.
     ``commit(keep, count)`` appends the first ``count`` pending positions ``keep`` lists (indices into the
-    pending area, in order; None: the first ``count`` as they are), with ``keep`` and ``count`` possibly on the
-    device; ``reset()`` empties it for the next image."""
+    pending area, in order; None: the first ``count`` as they are), with ``keep`` (images, W) and ``count``
+    (images,) possibly on the device, one row per image; ``reset()`` empties it for the next images."""
 
     def commit(self, keep: "list[int] | Tensor | None", count: "Tensor | int | None" = None) -> None: ...
 
@@ -85,11 +89,14 @@ class Target(Protocol):
     def embed(self, tokens: Tensor) -> Tensor:
         """(T,) image tokens -> (T, dim) input embeddings."""
 
-    def new_cache(self, rows: int, max_len: int) -> Cache: ...
+    def new_cache(self, rows: int, max_len: int, images: int = 1) -> Cache:
+        """A cache for ``rows`` rows of ``images`` images; with several images it keeps a committed length per
+        image on the device, and ``commit`` takes one kept path and one count per image."""
 
     def __call__(self, x: Tensor, positions: Tensor, cache: Cache, offset: int = 0, mask: Tensor | None = None,
                  valid: Tensor | None = None) -> Tensor:
-        """Inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) -> final-normed features (rows, T, dim).
+        """Inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) or (rows, T) -> final-normed features
+        (rows, T, dim).
         They see every committed cache entry and, within the pending area, what ``mask`` (T, offset + T) allows
         (None: a single new position, or causal when ``valid`` is given). ``valid`` (rows, T): key validity of
         the new positions (the prefix's padding mask), kept in the cache."""
@@ -110,12 +117,13 @@ class Drafter(Protocol):
         """The next inputs paired with prefix slots 0..P-2 at the prefill, (rows, P-1, dim), given the target's
         prefix embeddings (rows, P, dim): the prefix's own next slots for our Eagle head, token 0 for LANTERN's."""
 
-    def new_cache(self, rows: int, max_len: int) -> Cache: ...
+    def new_cache(self, rows: int, max_len: int, images: int = 1) -> Cache:
+        """As :meth:`Target.new_cache`."""
 
     def __call__(self, inputs: Tensor, features: Tensor, positions: Tensor, cache: Cache, offset: int = 0,
                  mask: Tensor | None = None) -> Tensor:
-        """Next-input embeddings and features (rows, T, dim) at slots ``positions`` (the target position of
-        each feature) -> predicted next features (rows, T, dim)."""
+        """Next-input embeddings and features (rows, T, dim) at slots ``positions`` ((T,) or (rows, T): the target
+        position of each feature) -> predicted next features (rows, T, dim)."""
 
 
 @runtime_checkable

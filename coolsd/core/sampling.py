@@ -62,14 +62,14 @@ def probabilities(logits: Tensor, cfg: SamplingConfig, allowed: Tensor | None = 
     return (guided if cfg.temperature == 1 else guided / cfg.temperature).softmax(-1)
 
 
-def draw_without_replacement(probs: Tensor, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Draw ``k`` tokens per row without replacement, in draw order.
+def draw_without_replacement(probs: Tensor, k: int, races: Tensor) -> tuple[Tensor, Tensor]:
+    """Draw ``k`` tokens per row without replacement, in draw order, from ``races``: Exp(1) draws of ``probs``'
+    shape, made beforehand by whoever owns the random stream.
 
     Exponential races (equivalent to Gumbel-top-k): the order of ``q / E`` with ``E ~ Exp(1)`` is a sequential
     draw without replacement from ``q``. A row with fewer than ``k`` tokens of nonzero probability marks the
     rest invalid.
     """
-    races = torch.empty_like(probs).exponential_(generator=generator)
     top = torch.topk(probs / races, k, dim=-1)
     return top.indices, top.values > 0
 

@@ -172,6 +172,7 @@ class GenerationStats:
     seconds: dict[str, float] = field(default_factory=dict)
     captured: list[dict] = field(default_factory=list)  # (depth, p, q) of first candidates, when asked
     condition: dict = field(default_factory=dict)  # {"class_id": 3}, or a caption's description
+    batch: int = 1  # images decoded together in lockstep rounds; ``seconds`` are the whole batch's
 
     def emit(self, token_origin: str, depth: int = 0, accept_prob: float = math.nan) -> None:
         self.token_origin.append(token_origin)
@@ -231,7 +232,7 @@ class GenerationStats:
         total = self.seconds.get("total", 0.0)
         return {"method": self.method, "params": self.params, "draft": self.draft, "class_id": self.class_id,
                 "condition": self.condition or {"class_id": self.class_id}, "seed": self.seed,
-                "sampling": self.sampling, "tokens": self.tokens,
+                "sampling": self.sampling, "batch": self.batch, "tokens": self.tokens,
                 "target_forwards": self.target_forwards, "drafter_forwards": self.drafter_forwards,
                 "tau": self.tau, "accepted_per_round": self.accepted_per_round,
                 "relaxation_cost": self.relaxation_cost, "per_depth": self.per_depth(),

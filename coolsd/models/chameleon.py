@@ -27,7 +27,6 @@ the drafter of :mod:`coolsd.models.chameleon_drafter` recognises them.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,8 +36,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.interface import PositionRules, Prefix
+from ..core.memory import available_memory
 from ..core.params import shorten
-from .gpt import KVCache, RMSNorm, additive, attention_mask
+from .cache import KVCache, kv_cache
+from .gpt import RMSNorm, additive, attention_mask
 
 IMAGE_START, IMAGE_END, NEWLINE, SIZE_BASE, SEPARATOR = 8197, 8196, 8803, 8804, 8710
 LAYOUTS = ("lumina", "anole")
@@ -312,9 +313,9 @@ def padding_counts(cache: KVCache | None, valid: Tensor | None, rows: int, devic
 
 
 def shifted(positions: Tensor, pads: Tensor) -> Tensor:
-    """Each row's RoPE positions (rows, T): the shared sequence positions less the row's padding count; padding
-    slots themselves (negative) are clamped to 0, their values being seen by no one."""
-    return (positions[None, :] - pads[:, None]).clamp_min(0)
+    """Each row's RoPE positions (rows, T): the sequence positions (shared (T,), or per row (rows, T)) less the
+    row's padding count; padding slots themselves (negative) are clamped to 0, their values being seen by no one."""
+    return (positions - pads[:, None]).clamp_min(0)
 
 
 class ChameleonBody(nn.Module):
@@ -348,9 +349,9 @@ class ChameleonTarget(nn.Module):
     device = property(lambda self: self.lm_head.weight.device)
     output = property(lambda self: self.lm_head)  # what the trainer asks of a target's head
 
-    def new_cache(self, rows: int, max_len: int) -> KVCache:
+    def new_cache(self, rows: int, max_len: int, images: int = 1) -> KVCache:
         p, cfg = self.lm_head.weight, self.config
-        return KVCache(cfg.n_layer, rows, cfg.n_head, cfg.head_dim, max_len, p.device, p.dtype)
+        return kv_cache(cfg.n_layer, rows, cfg.n_head, cfg.head_dim, max_len, p.device, p.dtype, images)
 
     def forward(self, x: Tensor, positions: Tensor, cache: KVCache | None = None, offset: int = 0,
                 mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
@@ -490,16 +491,6 @@ def memory_needed(cfg: ChameleonConfig, dtype: torch.dtype, rows: int = 2, tree_
     length = cfg.prefix_length + cfg.image_tokens + tree_nodes
     cache = 2 * cfg.n_layer * rows * length * cfg.dim
     return {"weights": weights * width, "cache": cache * width, "parameters": weights}
-
-
-def available_memory(device: torch.device) -> int:
-    """Free bytes on ``device``: the GPU's free memory, or the machine's available memory for the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
 
 
 def check_memory(cfg: ChameleonConfig, device: torch.device, dtype: torch.dtype) -> dict[str, int]:

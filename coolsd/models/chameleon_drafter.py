@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .cache import KVCache, hide_invalid_keys, kv_cache
 from .chameleon import ChameleonConfig, ChameleonLayer, Rotary, shifted
-from .gpt import KVCache, additive, attention_mask, hide_invalid_keys
+from .gpt import additive, attention_mask
 from .lantern import load_strictly, read_weights
 
 
@@ -122,10 +123,10 @@ class ChameleonDrafter(nn.Module):
         target's prefix embeddings are those rows."""
         return prefix_embeds[:, 1:]
 
-    def new_cache(self, rows: int, max_len: int) -> KVCache:
+    def new_cache(self, rows: int, max_len: int, images: int = 1) -> KVCache:
         p, cfg = self.fc.weight, self.config
         heads = cfg.num_attention_heads
-        return KVCache(len(self.layers), rows, heads, cfg.hidden_size // heads, max_len, p.device, p.dtype)
+        return kv_cache(len(self.layers), rows, heads, cfg.hidden_size // heads, max_len, p.device, p.dtype, images)
 
     def forward(self, inputs: Tensor, features: Tensor, positions: Tensor, cache: KVCache | None = None,
                 offset: int = 0, mask: Tensor | None = None) -> Tensor:

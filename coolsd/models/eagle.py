@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .cache import KVCache, kv_cache
 from .config import ModelConfig
 from .gpt import (
-    KVCache,
     RotaryTable,
     Transformer,
     TransformerBlock,
@@ -44,9 +44,9 @@ class Drafter(nn.Module):
         """Slot s < P-1 is paired with the prefix's embedding at s + 1: the target's next input (Eagle's rule)."""
         return prefix_embeds[:, 1:]
 
-    def new_cache(self, rows: int, max_len: int) -> KVCache:
+    def new_cache(self, rows: int, max_len: int, images: int = 1) -> KVCache:
         p = self.fc.weight
-        return KVCache(1, rows, self.config.n_head, self.config.head_dim, max_len, p.device, p.dtype)
+        return kv_cache(1, rows, self.config.n_head, self.config.head_dim, max_len, p.device, p.dtype, images)
 
     def forward(self, inputs: Tensor, features: Tensor, positions: Tensor, cache: KVCache | None = None,
                 offset: int = 0, mask: Tensor | None = None) -> Tensor:

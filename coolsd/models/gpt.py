@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..core.interface import Prefix
 from ..core.params import shorten
-from ..core.transfer import index_tensor
+from .cache import KVCache, hide_invalid_keys, kv_cache
 from .config import ModelConfig
 
 
@@ -74,16 +74,18 @@ class RotaryTable:
 
     def __call__(self, positions: Tensor, inner_dims: int = 1) -> tuple[Tensor, Tensor, Tensor]:
         """(cos, sin, swap): per dimension, its pair's cosine, and its pair's sine with the sign its element
-        takes (``-sin`` first, ``sin`` second), shaped (T, 1 x inner_dims, D) to broadcast over ``x``
-        (B, T, <inner_dims>, D); ``swap`` (D,) exchanges the two elements of every pair."""
+        takes (``-sin`` first, ``sin`` second), shaped (T, 1 x inner_dims, D) for positions (T,) shared by every
+        row, or (rows, T, 1 x inner_dims, D) for per-row positions (rows, T), to broadcast over ``x``
+        (rows, T, <inner_dims>, D); ``swap`` (D,) exchanges the two elements of every pair."""
         if self.expanded is None or self.expanded[0].device != positions.device:
             cos, sin = self.table[..., 0], self.table[..., 1]
             swap = torch.arange(cos.shape[-1] * 2).view(-1, 2).flip(-1).flatten()
             self.expanded = (cos.repeat_interleave(2, -1).to(positions.device),
                              torch.stack([-sin, sin], dim=-1).flatten(-2).to(positions.device), swap.to(positions.device))
-        shape = (len(positions), *([1] * inner_dims), -1)
+        shape = (*positions.shape, *([1] * inner_dims), -1)
         cos, sin, swap = self.expanded
-        return cos.index_select(0, positions).view(shape), sin.index_select(0, positions).view(shape), swap
+        flat = positions if positions.dim() == 1 else positions.reshape(-1)
+        return cos.index_select(0, flat).view(shape), sin.index_select(0, flat).view(shape), swap
 
 
 def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor, Tensor]) -> Tensor:
@@ -93,71 +95,6 @@ def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor, Tensor]) -> Tensor:
     x32 = x if x.dtype == torch.float32 else x.float()
     out = x32 * cos + x32.index_select(-1, swap) * sin
     return out if out.dtype == x.dtype else out.type_as(x)
-
-
-class KVCache:
-    """Preallocated keys/values. ``length`` entries are committed; a forward writes its tokens after them
-    (at ``offset`` within the pending area) without committing, and ``commit`` keeps a chosen subset.
-    ``valid`` (rows, max_len), present once a padded prefix was written, marks the keys others may attend to."""
-
-    def __init__(self, n_layer: int, rows: int, n_head: int, head_dim: int, max_len: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
-        shape = (n_layer, rows, n_head, max_len, head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0
-        self.valid: Tensor | None = None
-
-    def mark_valid(self, valid: Tensor, offset: int) -> None:
-        """Record the key validity (rows, T) of pending positions written at ``offset``."""
-        if self.valid is None:
-            self.valid = torch.ones(valid.shape[0], self.keys.shape[3], dtype=torch.bool, device=valid.device)
-        start = self.length + offset
-        self.valid[:, start:start + valid.shape[1]] = valid
-
-    def write(self, layer: int, k: Tensor, v: Tensor, offset: int) -> tuple[Tensor, Tensor]:
-        """Store pending ``k, v`` (rows, H, T, D); return everything visible to them."""
-        start = self.length + offset
-        end = start + k.shape[2]
-        if end > self.keys.shape[3]:
-            raise ValueError(f"KV cache overflow: need {end} slots, have {self.keys.shape[3]}")
-        self.keys[layer, :, :, start:end] = k
-        self.values[layer, :, :, start:end] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
-
-    def attention_mask(self, pending_mask: Tensor | None, length: int, offset: int = 0) -> Tensor | None:
-        """What ``length`` new positions, written at ``offset`` in the pending area, see: every committed entry,
-        plus ``pending_mask`` (length, offset + length) over the pending area (None = a single new position,
-        which sees everything), then padding hidden (:func:`hide_invalid_keys`). None where SDPA needs no mask."""
-        if pending_mask is None and self.valid is None:
-            return None
-        device = self.keys.device
-        if pending_mask is None:
-            pending_mask = torch.ones(length, offset + length, dtype=torch.bool, device=device)
-        committed = torch.ones(length, self.length, dtype=torch.bool, device=device)
-        mask = torch.cat([committed, pending_mask], dim=1)
-        return mask if self.valid is None else hide_invalid_keys(mask, self.valid, length)
-
-    def commit(self, keep: "list[int] | Tensor | None", count: "Tensor | int | None" = None) -> None:
-        """Append pending entries and drop the rest: the first ``count`` of ``keep`` (indices into the pending
-        area, in order; a list keeps all of it), or with ``keep`` None the first ``count`` pending entries as
-        they are (a chain keeps a prefix, already in place). A tensor ``count`` is read here: this cache slices
-        by its host-side length (the static cache of :mod:`coolsd.models.steps` commits on the device)."""
-        n = len(keep) if isinstance(keep, list) else int(count)
-        if isinstance(keep, list) and keep == list(range(n)):
-            keep = None  # a prefix of the pending area: already in place
-        if keep is not None:
-            index = (index_tensor(keep, self.keys.device) if isinstance(keep, list) else keep[:n]) + self.length
-            self.keys[:, :, :, self.length:self.length + n] = self.keys.index_select(3, index)
-            self.values[:, :, :, self.length:self.length + n] = self.values.index_select(3, index)
-            if self.valid is not None:
-                self.valid[:, self.length:self.length + n] = self.valid.index_select(1, index)
-        self.length += n
-
-    def reset(self) -> "KVCache":
-        """Empty again (the buffers are kept)."""
-        self.length, self.valid = 0, None
-        return self
 
 
 class RMSNorm(nn.Module):
@@ -238,16 +175,6 @@ def additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     if mask is None:
         return None
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
-def hide_invalid_keys(mask: Tensor, key_valid: Tensor, length: int) -> Tensor:
-    """As LlamaGen's text model does: keys marked invalid (padding) are hidden from every query, and each new
-    position always sees itself, so a padded slot attends to itself only (spec section 7)."""
-    end = mask.shape[1]
-    mask = mask[None, None] & key_valid[:, None, None, :end]
-    own = torch.arange(end - length, end, device=mask.device)
-    mask[..., torch.arange(length, device=mask.device), own] = True
-    return mask
 
 
 class ClassEmbedder(nn.Module):
@@ -335,9 +262,10 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.output.weight.device
 
-    def new_cache(self, rows: int, max_len: int) -> KVCache:
+    def new_cache(self, rows: int, max_len: int, images: int = 1) -> KVCache:
         p = self.output.weight
-        return KVCache(len(self.layers), rows, self.config.n_head, self.config.head_dim, max_len, p.device, p.dtype)
+        return kv_cache(len(self.layers), rows, self.config.n_head, self.config.head_dim, max_len, p.device, p.dtype,
+                        images)
 
     def forward(self, x: Tensor, positions: Tensor, cache: KVCache | None = None, offset: int = 0,
                 mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:

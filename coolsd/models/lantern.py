@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cache import KVCache, kv_cache
 from .config import ModelConfig
-from .gpt import KVCache, RMSNorm, RotaryTable, apply_rope, attention_mask, init_weights
+from .gpt import RMSNorm, RotaryTable, apply_rope, attention_mask, init_weights
 
 ROPE_BASE = 10000.0  # Model.__init__ sets config.rope_base = 10000 for every input type
 TAIL_ZERO_ROWS = 20  # precompute_freqs_cis_2d appends 10 zero rows, Model.__init__ 10 more
@@ -215,10 +216,10 @@ class LanternDrafter(nn.Module):
         ids = torch.full((max(length - 1, 0),), CAPTION_TOKEN, dtype=torch.long, device=self.embed_tokens.weight.device)
         return self.embed_tokens(ids)[None].expand(rows, -1, -1).to(prefix_embeds.dtype)
 
-    def new_cache(self, rows: int, max_len: int) -> KVCache:
+    def new_cache(self, rows: int, max_len: int, images: int = 1) -> KVCache:
         p = self.fc.weight
-        return KVCache(len(self.layers), rows, self.config.num_attention_heads, self.config.head_dim, max_len,
-                       p.device, p.dtype)
+        return kv_cache(len(self.layers), rows, self.config.num_attention_heads, self.config.head_dim, max_len,
+                        p.device, p.dtype, images)
 
     def forward(self, inputs: Tensor, features: Tensor, positions: Tensor, cache: KVCache | None = None,
                 offset: int = 0, mask: Tensor | None = None) -> Tensor:
