@@ -84,7 +84,7 @@ MODELS = models.Models(BUNDLE, lambda key: session.fast_steps(load_bundle(key), 
 DEFAULT_METHOD = "COOL-SD"
 QUALITY_AXES = [("judge-FID (lower is better)", "fid"), ("class consistency", "judge_accuracy"),
                 ("log-likelihood per token (the target's own score)", "log_likelihood_per_token")]
-PRIVATE = {"api_visibility": "private"}  # UI callbacks: not part of the API (only /generate is)
+PRIVATE = {"api_visibility": "private"}  # UI callbacks: not part of the API (only /generate and /generate_batch are)
 PAPER = {"method": "COOL-SD", "nu": 0.7, "mu_auto": True, "schedule": "exp"}  # the paper's COOL-SD; any draft
 PRESETS = {  # button -> the control values it sets: every one the setting depends on (the draft stays the user's)
     "Paper: COOL-SD δ=1.1": {**PAPER, "delta": 1.1},
@@ -274,12 +274,17 @@ def run_comparison(request, progress):
     return session.compare(bundle_of(request), request, progress)
 
 
+def run_batch(request, seeds: list[int]):
+    return session.compare_batch(bundle_of(request), request, seeds)
+
+
 def measure(request, repeats: int = session.TIMING_REPEATS, stop: Callable[[], bool] | None = None):
     return session.measure_speed(bundle_of(request), request, repeats, stop)
 
 
 if spaces is not None:
     run_comparison = spaces.GPU(duration=60)(run_comparison)
+    run_batch = spaces.GPU(duration=60)(run_batch)
     measure = spaces.GPU(duration=60)(measure)
 
 
@@ -385,6 +390,33 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
     that many times each, interleaved. ``model``: one of the app's model choices (empty: the default model);
     a text model takes ``prompt`` instead of ``class_name``; with another model, a class or sampling value left
     at its default stands for that model's default. Parameter ranges: see docs/app.md."""
+    request = api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k,
+                          top_p, schedule, model, prompt)
+    repeats = checked(lambda: check("timing_repeats", timing_repeats))
+    result = checked(lambda: run_comparison(request, None))
+    if repeats:
+        result.timing = checked(lambda: measure(request, repeats))  # on ZeroGPU too, like the UI's timing
+    return views.api_payload(result)
+
+
+def api_generate_batch(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: str = "auto", k: int = 10,
+                       lam: float = 5.0, draft: str = "chain:5", class_name: str = DEFAULTS["class_name"],
+                       seeds: list[int] = [0, 1, 2, 3], cfg_scale: float = DEFAULTS["cfg_scale"],  # noqa: B006
+                       temperature: float = DEFAULTS["temperature"], top_k: int = DEFAULTS["top_k"],
+                       top_p: float = DEFAULTS["top_p"], schedule: str = "exp", model: str = "",
+                       prompt: str = "") -> dict:
+    """As ``/generate``, for a list of 1 to 16 seeds decoded as one batch per method (each image gets the
+    tokens it gets alone, spec section 9): per seed both images, tokens and statistics, and each batch's seconds.
+    No timing repeats (``/generate`` measures them)."""
+    checked_seeds = checked(lambda: session.check_seeds(seeds))
+    request = api_request(method, delta, nu, mu, k, lam, draft, class_name, checked_seeds[0], cfg_scale, temperature,
+                          top_k, top_p, schedule, model, prompt)
+    return views.api_batch_payload(checked(lambda: run_batch(request, checked_seeds)))
+
+
+def api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k, top_p,
+                schedule, model, prompt) -> session.Request:
+    """An API call's values validated into a request (readable errors, as the UI's)."""
     params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule}
     bundle = checked(lambda: MODELS.get(model))
     key = MODELS.key(model)
@@ -395,14 +427,9 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
         own = model_defaults(bundle)
         given = {name: own[name] if isinstance(value, (str, int, float)) and value == DEFAULTS[name] else value
                  for name, value in given.items()}
-    request = checked(lambda: session.parse_request(
+    return checked(lambda: session.parse_request(
         bundle, method, params, draft, given["class_name"], seed, given["cfg_scale"], given["temperature"],
         given["top_k"], given["top_p"], prompt=prompt, model=key))
-    repeats = checked(lambda: check("timing_repeats", timing_repeats))
-    result = checked(lambda: run_comparison(request, None))
-    if repeats:
-        result.timing = checked(lambda: measure(request, repeats))  # on ZeroGPU too, like the UI's timing
-    return views.api_payload(result)
 
 
 def refuse_unused(bundle: Bundle, method, params: dict, class_name, prompt) -> None:
@@ -803,6 +830,7 @@ def build_demo() -> Explorer:
         wire_generation(demo, named)
         wire_controls(demo, named, boxes, start)
         gr.api(api_generate, api_name="generate", concurrency_id="generate")
+        gr.api(api_generate_batch, api_name="generate_batch", concurrency_id="generate")
     demo.queue(default_concurrency_limit=2, max_size=64)
     return demo
 

@@ -37,5 +37,5 @@ from .models.bundle import Bundle, load_bundle, random_bundle
 from .models.gpt import Caption, ClassLabel
 
 __all__ = ["RULES", "AcceptanceRule", "Bundle", "Caption", "ClassLabel", "CoolSD", "DraftTree", "Eagle", "Generation",
-           "Lantern", "RuleSpec", "SamplingConfig", "UniformRSD", "build_rule", "chain", "decode_image", "decode_images",
-           "load_bundle", "parse_draft", "random_bundle", "register"]
+           "Lantern", "RuleSpec", "SamplingConfig", "UniformRSD", "build_rule", "chain", "decode_image",
+           "decode_images", "load_bundle", "parse_draft", "random_bundle", "register"]

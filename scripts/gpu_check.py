@@ -1,8 +1,10 @@
-"""The prepared GPU check (run through ``scripts/gpu_check.sh OUT_DIR``): the CUDA tests, then the component
-profile at LlamaGen-XL text-to-image and LlamaGen-B class-to-image shapes with random weights (bf16, CFG, CUDA
-graphs), checked against the goals of the CUDA path. Needs no download and no gradio. Without a GPU it runs
-what a CPU can (the CUDA tests, which skip and say so; a tiny profile) so that CI keeps it working, and says
-that the CUDA parts were skipped. Writes ``gpu_check.json`` (and the pytest report) to OUT_DIR; prints Markdown.
+"""The prepared GPU check (run through ``scripts/gpu_check.sh OUT_DIR``): the CUDA tests, then the component profile
+at LlamaGen-XL text-to-image and LlamaGen-B class-to-image shapes with random weights (bf16, CFG, CUDA graphs),
+checked against the goals of the CUDA path, and at the first shape an AR step and a round for batches of 1 to 64
+images with the speed-ups over batched AR they imply (where batched AR overtakes). Needs no download and no gradio.
+Without a GPU it runs what a CPU can (the CUDA tests, which skip and say so; a tiny profile) so that CI keeps it
+working, and says that the CUDA parts were skipped. Writes ``gpu_check.json`` (and the pytest report) to OUT_DIR;
+prints Markdown.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from coolsd.models.bundle import random_bundle, set_threads
 CUDA_SHAPES = [("llamagen-t2i-xl", SamplingConfig(cfg_scale=3.0, top_k=2000), True),
                ("llamagen-b", SamplingConfig(cfg_scale=4.0, top_k=2000), False)]
 CPU_SHAPES = [("tiny", SamplingConfig(cfg_scale=2.0), True)]
+# Batch sizes whose AR step and rounds are timed (spec section 9), at the first CUDA shape; a size that does not
+# fit in memory is skipped and said so. On a CPU, two sizes keep the table exercised.
+CUDA_BATCHES, CPU_BATCHES = (1, 2, 4, 8, 16, 32, 64), (1, 4)
 # The CUDA path's goals at LlamaGen-XL text-to-image shape, bf16, batch 1 with CFG, one H200: each part's cost in
 # AR steps of our own CUDA-graph AR, the implied speed-ups at the paper's tau, and an implied COOL-SD image.
 PAPER_TAUS = {"Eagle-1": 2.42, "COOL-SD delta=2": 3.34}
@@ -111,11 +116,13 @@ def first_request(bundle, sampling: SamplingConfig) -> dict:
 def run_profiles(cuda: bool) -> list[dict]:
     """One profile per shape, each with its own wall time."""
     results = []
-    for shape, sampling, compare in CUDA_SHAPES if cuda else CPU_SHAPES:
+    for index, (shape, sampling, compare) in enumerate(CUDA_SHAPES if cuda else CPU_SHAPES):
         began = time.perf_counter()
         bundle = random_bundle(shape, device="cuda" if cuda else "cpu")
         bundle = bundle.with_steps("graphs" if cuda else "eager")
-        result = profile(bundle, sampling, repeats=20 if cuda else 5, images=4 if cuda else 2, compare_steps=compare)
+        batches = (CUDA_BATCHES if cuda else CPU_BATCHES) if index == 0 else (1,)
+        result = profile(bundle, sampling, repeats=20 if cuda else 5, images=4 if cuda else 2, compare_steps=compare,
+                         batches=batches)
         result.update(shape=shape, sampling=sampling.to_dict(), image_tokens=bundle.config.image_tokens)
         if cuda:
             result.update(acceptance_dtypes=acceptance_dtypes(bundle, sampling),

@@ -285,10 +285,40 @@ def test_api_payload_is_deterministic():
 
 def test_api_lists_only_generate_and_describes_its_answer():
     info = app.demo.get_api_info()
-    assert list(info["named_endpoints"]) == ["/generate"] and not info.get("unnamed_endpoints")
+    assert list(info["named_endpoints"]) == ["/generate", "/generate_batch"] and not info.get("unnamed_endpoints")
     returns = info["named_endpoints"]["/generate"]["returns"][0]["type"]
     assert set(returns["properties"]) == {"method", "eagle", "timing"}
     assert set(returns["properties"]["method"]["properties"]) == {"tokens", "pixels", "png_base64", "stats"}
+    seeds = next(p for p in info["named_endpoints"]["/generate_batch"]["parameters"] if p["parameter_name"] == "seeds")
+    assert seeds["type"]["type"] == "array" and seeds["type"]["items"]["type"] == "integer"
+
+
+def test_the_batch_api_gives_each_seed_its_single_request_answer():
+    """/generate_batch decodes its seeds as one batch per method: every seed's images, tokens and statistics
+    but the timings are /generate's for that seed."""
+    batch = app.api_generate_batch(method="COOL-SD", delta=2.0, seeds=[4, 9, 4])
+    assert batch["batch"] == 3 and [image["seed"] for image in batch["images"]] == [4, 9, 4]
+    assert batch["seconds"]["method"] > 0 and batch["seconds"]["eagle"] > 0
+    for image in batch["images"]:
+        single = app.api_generate(method="COOL-SD", delta=2.0, seed=image["seed"])
+        for run in ("method", "eagle"):
+            assert image[run]["tokens"] == single[run]["tokens"] and image[run]["pixels"] == single[run]["pixels"]
+            assert image[run]["stats"]["tau"] == single[run]["stats"]["tau"]
+            assert image[run]["stats"]["batch"] == 3 and image[run]["stats"]["seed"] == image["seed"]
+
+
+@pytest.mark.parametrize("seeds, needle", [
+    ([], "seeds must list 1 to 16 seeds, got 0"),
+    (list(range(17)), "seeds must list 1 to 16 seeds, got 17"),
+    ("0, 1", "seeds must be a list of seeds"),
+    ([0, -3], "seed must be"),
+    ([0, float("nan")], "seed must be a finite number"),
+])
+def test_the_batch_api_refuses_bad_seeds_in_one_line(seeds, needle, caplog):
+    with caplog.at_level(logging.INFO, logger="coolsd.app"):
+        with pytest.raises(gr.Error, match=needle) as error:
+            app.api_generate_batch(seeds=seeds)
+    assert "\n" not in str(error.value.message)
 
 
 @pytest.mark.parametrize("overrides, needle", [

@@ -398,7 +398,16 @@ def test_server_memory_levels_off_over_ui_generations(server):
 
 def test_api_lists_only_generate(server):
     info = Client(server.url, verbose=False).view_api(return_format="dict", print_info=False)
-    assert list(info["named_endpoints"]) == ["/generate"] and not info["unnamed_endpoints"]
+    assert list(info["named_endpoints"]) == ["/generate", "/generate_batch"] and not info["unnamed_endpoints"]
+
+
+def test_the_batch_api_over_http_gives_each_seed_its_single_request_images(server):
+    client = Client(server.url, verbose=False)
+    batch = client.predict(method="Eagle-1 (lossless)", seeds=[7, 3], api_name="/generate_batch")
+    assert batch["batch"] == 2
+    for image in batch["images"]:
+        single = client.predict(method="Eagle-1 (lossless)", seed=image["seed"], api_name="/generate")
+        assert image["method"]["tokens"] == single["method"]["tokens"] == image["eagle"]["tokens"]
 
 
 def test_eight_parallel_api_clients_match_single_requests(server):

@@ -184,6 +184,9 @@ def test_generate_checks_every_option_before_any_work(argv, tmp_path, capsys, mo
 @pytest.mark.parametrize("argv", [
     ["--out", "{tmp}/missing/r.json"], ["--out", "{tmp}"], ["--images", "0"], ["--warmup", "-1"], ["--repeats", "0"],
     ["--threads", "-1"], ["--device", "foo"], ["--methods", "eagle", "eagle"], ["--methods", "cool:schedule=x"],
+    ["--batch", "0"], ["--batch", "-4"], ["--batch", "2.5"], ["--batch", "5000"], ["--latency-batch", "0"],
+    ["--latency-batch", "4", "x"], ["--images", "8", "--latency-batch", "16"],
+    ["--images", "8", "--latency-images", "2", "--latency-batch", "4"],
 ])
 def test_bench_checks_every_option_before_any_work(argv, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "load_model", no_model)
@@ -271,6 +274,42 @@ def test_bench_repeats_and_speedup_spread(tmp_path, capsys, monkeypatch):
         assert 0 < run["speedup_vs_ar_iqr"][0] <= run["speedup_vs_ar_iqr"][1]
     table = capsys.readouterr().out
     assert "speed-up IQR" in table and "latency IQR ms" in table and "3 timing(s) each" in table
+
+
+def test_bench_batches_keep_the_results_and_time_every_batch_size(tmp_path, capsys, monkeypatch):
+    """--batch decodes the untimed pass in batches and changes no result; --latency-batch times the timed images
+    at each size (interleaved), each size with its images/s and speed-up over AR at the same size; a timed image's
+    tokens equal its sample's at every size (else the bench stops: not deterministic)."""
+    base = ["--methods", "eagle", "cool:delta=2", "--images", "6", "--warmup", "1", *TINY, "--no-progress"]
+    paths = {name: tmp_path / f"{name}.json" for name in ("plain", "batched", "timed")}
+    assert bench.main(base + ["--latency-images", "2", "--out", str(paths["plain"])]) == 0
+    calls = count_generations(monkeypatch)
+    assert bench.main(base + ["--latency-images", "2", "--batch", "4", "--out", str(paths["batched"])]) == 0
+    assert len(calls) == 3 * 1 + 3 * 2 + 3 * 4  # warm-up and timing at batch 1, then 4 untimed images per method
+    plain, batched = (json.loads(paths[name].read_text()) for name in ("plain", "batched"))
+    for a, b in zip(plain["runs"], batched["runs"]):  # the same tokens; costs to float rounding (docs/batches.md)
+        for name in ("tau", "log_likelihood_per_token", "target_forwards_per_image"):
+            assert a[name] == b[name]
+        assert a["relaxation_cost_mean"] == pytest.approx(b["relaxation_cost_mean"], rel=1e-5)
+    assert batched["batch"] == 4 and batched["latency_batch"] == 1
+    calls.clear()
+    capsys.readouterr()
+    assert bench.main(base + ["--latency-batch", "1", "3", "--repeats", "2", "--out", str(paths["timed"])]) == 0
+    # warm-up (one call per size and method: 1 + 3 images), then 6 images at each size, twice, per method
+    assert len(calls) == 3 * (1 + 3) + 3 * 2 * (6 + 6)
+    timed = json.loads(paths["timed"].read_text())
+    assert [(row["batch"], row["label"]) for row in timed["batches"]] == \
+        [(size, label) for size in (1, 3) for label in ("ar", "eagle", "cool:delta=2")]
+    for row in timed["batches"]:
+        assert row["calls"] == 6 // row["batch"] and row["images_per_s"] > 0
+        if row["label"] == "ar":
+            assert row["speedup_vs_ar"] == 1.0
+        assert row["lockstep_rounds_over_own"] >= 1.0 and (row["batch"] > 1 or row["lockstep_rounds_over_own"] == 1)
+    for a, b in zip(plain["runs"], timed["runs"]):
+        assert a["tau"] == b["tau"]
+    out = capsys.readouterr()
+    assert "images/s" in out.out and "speed-up vs AR" in out.out
+    assert out.err.startswith("memory: a batch of 3 images on chain:5 holds about")
 
 
 def test_bench_refuses_repeats_that_differ(capsys, monkeypatch):

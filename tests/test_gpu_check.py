@@ -33,6 +33,8 @@ def test_gpu_check_runs_green_without_a_gpu_and_says_so(tmp_path):
     (profile,) = report["profiles"]
     assert profile["shape"] == "tiny" and "ar_step [static]" in profile["parts"]
     assert profile["measured"]["AR"]["tau"] == 1.0 and "| quantity | goal | measured | met |" in done.stdout
+    assert [row["batch"] for row in profile["batches"]] == [1, 4] and "| B | AR step ms |" in done.stdout
+    assert all(row["round chain:5"]["round_s"] > 0 for row in profile["batches"])
 
 
 def test_goal_table_reads_the_profile():

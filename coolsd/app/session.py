@@ -11,11 +11,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..core.decode import Generation, generate
+from ..core.decode import Generation, generate, generate_batch
 from ..core.params import PROMPT_CHARS as PROMPT_CHARS  # the prompt box's limit (app.py)
 from ..core.params import Choice, Param, check, check_prompt, number, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
@@ -325,6 +325,30 @@ def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
         eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     images = {"method": bundle.image(method.tokens), "eagle": bundle.image(eagle.tokens)}
     return Comparison(request, method, eagle, images)
+
+
+BATCH_SEEDS = 16  # the most seeds one API call decodes together (a shared server's other visitors wait meanwhile)
+
+
+def check_seeds(seeds) -> list[int]:
+    """The API's list of seeds: 1 to BATCH_SEEDS seeds, each a valid seed (one-line errors otherwise)."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
+        raise ValueError(f"seeds must be a list of seeds, got {shorten(seeds)}")  # noqa: TRY004
+    if not 1 <= len(seeds) <= BATCH_SEEDS:
+        raise ValueError(f"seeds must list 1 to {BATCH_SEEDS} seeds, got {len(seeds)}")
+    return [check("seed", seed) for seed in seeds]
+
+
+def compare_batch(bundle: Bundle, request: Request, seeds: list[int]) -> list[Comparison]:
+    """The chosen method and lossless Eagle-1 for one request at each of ``seeds``: each method decodes all the
+    seeds as one batch (spec section 9; every image gets the tokens it gets alone)."""
+    cls = condition(bundle, request)
+    method = generate_batch(bundle, [cls] * len(seeds), request.rule, request.tree, request.sampling, seeds)
+    eagle = method if request.method == "eagle" else \
+        generate_batch(bundle, [cls] * len(seeds), Eagle(), request.tree, request.sampling, seeds)
+    return [Comparison(replace(request, seed=seed), own, lossless,
+                       {"method": bundle.image(own.tokens), "eagle": bundle.image(lossless.tokens)})
+            for seed, own, lossless in zip(seeds, method, eagle)]
 
 
 @dataclass

@@ -367,10 +367,24 @@ def png_base64(pixels: np.ndarray) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def api_run(generation: Generation, pixels: np.ndarray) -> dict:
+    """One image for API users: PNG base64 and raw pixels, the tokens, and the statistics."""
+    return {"tokens": generation.tokens, "pixels": pixels.tolist(), "png_base64": png_base64(pixels),
+            "stats": generation.stats.to_dict(rounds=False)}
+
+
 def api_payload(result: Comparison) -> dict:
-    """JSON for API users: both images (PNG base64 and raw pixels), the tokens, and the statistics."""
-    def run(generation: Generation, pixels: np.ndarray) -> dict:
-        return {"tokens": generation.tokens, "pixels": pixels.tolist(), "png_base64": png_base64(pixels),
-                "stats": generation.stats.to_dict(rounds=False)}
-    return {"method": run(result.method, result.images["method"]), "eagle": run(result.eagle, result.images["eagle"]),
+    """JSON for API users: both images, and the latencies when they were measured."""
+    return {"method": api_run(result.method, result.images["method"]),
+            "eagle": api_run(result.eagle, result.images["eagle"]),
             "timing": result.timing.to_dict() if result.timing is not None else None}
+
+
+def api_batch_payload(results: list[Comparison]) -> dict:
+    """JSON for a batch of seeds: per seed, both images; the batch size and each method's seconds for all of
+    them (each image of a batch waits for the whole batch)."""
+    first = results[0]
+    return {"batch": len(results),
+            "seconds": {"method": first.method.stats.seconds["total"], "eagle": first.eagle.stats.seconds["total"]},
+            "images": [{"seed": result.request.seed, "method": api_run(result.method, result.images["method"]),
+                        "eagle": api_run(result.eagle, result.images["eagle"])} for result in results]}

@@ -46,7 +46,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.decode import Generation, check_batch_memory, generate_batch
-from ..core.likelihood import mean_log_likelihood
+from ..core.likelihood import images_log_likelihoods
 from ..core.memory import gigabytes
 from ..core.params import OneLineParser, Param, run_command
 from ..core.rules import AcceptanceRule, build_rule
@@ -165,8 +165,8 @@ def time_batch(bench: Bench, configurations: list[Configuration], rules: list[Ac
     """One batch of images (their conditions and seeds) for every configuration, ``repeats`` times, interleaved
     across configurations so that a change in machine load hits all of them alike. Per configuration: the
     generations of the call of median latency (median-low for an even ``repeats``; its phase timings go in the
-    summary) and the median call latency. Decoding is deterministic for given seeds, so every repeat must give
-    the same tokens; if not, the repeats would time different work."""
+    summary) and every repeat's call latency, in order. Decoding is deterministic for given seeds, so every
+    repeat must give the same tokens; if not, the repeats would time different work."""
     conditions, seeds = [bench.condition(i) for i in images], [bench.study.seed + i for i in images]
     calls: list[list[list[Generation]]] = [[] for _ in configurations]
     for _ in range(repeats):
@@ -179,51 +179,65 @@ def time_batch(bench: Bench, configurations: list[Configuration], rules: list[Ac
                                    f"{images.stop - 1} across repeats: decoding is not deterministic, repeated "
                                    "timings are invalid")
         by_time = sorted(runs, key=lambda run: run[0].stats.seconds["total"])
-        out.append((by_time[(len(by_time) - 1) // 2], statistics.median(run[0].stats.seconds["total"] for run in runs)))
+        out.append((by_time[(len(by_time) - 1) // 2], [run[0].stats.seconds["total"] for run in runs]))
     return out
 
 
-def sample_record(bench: Bench, configuration: Configuration, image: int, generation: Generation) -> dict:
-    """What a (configuration, image) gives on any machine: tokens, tau, forwards, relaxation cost, the target's
-    log-likelihood per token and, when the bundle's quality judges single images (``per_image``), the judge's
-    features and verdict. JSON values only, so a record read back or received from another process is equal."""
-    stats = generation.stats
-    reached, accept_sum = stats.level_totals()
-    record = {"kind": "sample", "configuration": configuration.label, "image": image, "seed": stats.seed,
-              "class_id": stats.class_id, "tokens": [int(t) for t in generation.tokens], "tau": stats.tau,
-              "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
-              "relaxation_cost": stats.relaxation_cost,
-              # per draft depth: rounds that reached it and their summed acceptance probabilities
-              "reached_per_depth": reached.astype(int).tolist(), "accept_prob_sum_per_depth": accept_sum.tolist(),
-              # the plain model: the teacher-forced forward needs no step wrapper (static caches, CUDA graphs)
-              "log_likelihood_per_token": mean_log_likelihood(unwrapped(bench.bundle.target), bench.condition(image),
-                                                              generation.tokens, bench.sampling)}
+def sample_records(bench: Bench, configuration: Configuration, images: list[int],
+                   generations: list[Generation]) -> list[dict]:
+    """What (configuration, image) pairs give on any machine: tokens, tau, forwards, relaxation cost, the
+    target's log-likelihood per token (one teacher-forced forward for all the images: the same numbers as one at
+    a time) and, when the bundle's quality judges single images (``per_image``), the judge's features and
+    verdict. JSON values only, so a record read back or received from another process is equal."""
+    # the plain model: the teacher-forced forward needs no step wrapper (static caches, CUDA graphs)
+    likelihoods = images_log_likelihoods(unwrapped(bench.bundle.target), [bench.condition(i) for i in images],
+                                         [g.tokens for g in generations], bench.sampling).mean(-1)
+    records = []
+    for image, generation, likelihood in zip(images, generations, likelihoods):
+        stats = generation.stats
+        reached, accept_sum = stats.level_totals()
+        records.append({"kind": "sample", "configuration": configuration.label, "image": image, "seed": stats.seed,
+                        "class_id": stats.class_id, "tokens": [int(t) for t in generation.tokens], "tau": stats.tau,
+                        "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
+                        "relaxation_cost": stats.relaxation_cost,
+                        # per draft depth: rounds that reached it and their summed acceptance probabilities
+                        "reached_per_depth": reached.astype(int).tolist(),
+                        "accept_prob_sum_per_depth": accept_sum.tolist(),
+                        "log_likelihood_per_token": float(likelihood)})
     per_image = getattr(bench.bundle.quality, "per_image", None)
-    if per_image is not None:
-        judged = per_image([bench.bundle.image(generation.tokens)], [stats.class_id])
+    for record, generation in zip(records, generations) if per_image is not None else ():
+        # one image per call: the judge's convolutions over several differ in the last bits (3e-6), and a
+        # sample's features must not depend on its batch (a call costs under a millisecond)
+        judged = per_image([bench.bundle.image(generation.tokens)], [generation.stats.class_id])
         # float32's shortest decimals: a third of a double's digits, and they read back to the same float32
         record["judge_features"] = [float(str(value)) for value in judged["features"][0]]
         record["judge_correct"] = bool(judged["correct"][0])
-    return record
+    return records
 
 
-def timing_record(configuration: Configuration, image: int, generation: Generation, seconds: float,
+def timing_record(configuration: Configuration, image: int, generation: Generation, seconds: list[float],
                   batch: int) -> dict:
     """A timed image: the median latency of the call that decoded it (with ``batch`` - 1 others: each waits for
-    the whole call), and the phases of that call and the image's own rounds, from the call of median latency."""
+    the whole call) and every repeat's, and the phases of that call and the image's own rounds, from the call of
+    median latency."""
     return {"kind": "timing", "configuration": configuration.label, "image": image, "batch": batch,
-            "latency_s": seconds, "seconds": {phase: generation.stats.seconds[phase] for phase in PHASES},
+            "latency_s": statistics.median(seconds), "repeats_s": seconds,
+            "seconds": {phase: generation.stats.seconds[phase] for phase in PHASES},
             "target_forwards": generation.stats.target_forwards}
 
 
-def keep_sample(bench: Bench, configuration: Configuration, image: int, generation: Generation) -> None:
-    """A timed generation is the image's sample when there is none yet, and must repeat the one there is."""
-    stored = bench.records.get("sample", configuration.label, image)
-    if stored is None:
-        bench.records.add(sample_record(bench, configuration, image, generation))
-    elif stored["tokens"] != generation.tokens:
-        raise NotDeterministic(f"{configuration.label} gave other tokens for image {image} than its recorded sample "
-                               "(another device, torch or thread count?): its timing would not be of the same work")
+def keep_samples(bench: Bench, configuration: Configuration, images: range, generations: list[Generation]) -> None:
+    """Timed generations are their images' samples where there are none yet, and must repeat those there are."""
+    stored = [bench.records.get("sample", configuration.label, image) for image in images]
+    for image, generation, record in zip(images, generations, stored):
+        if record is not None and record["tokens"] != generation.tokens:
+            raise NotDeterministic(f"{configuration.label} gave other tokens for image {image} than its recorded "
+                                   "sample (another device, torch or thread count?): its timing would not be of the "
+                                   "same work")
+    new = [(image, generation) for image, generation, record in zip(images, generations, stored) if record is None]
+    if new:
+        for record in sample_records(bench, configuration, [i for i, _ in new], [g for _, g in new]):
+            bench.records.add(record)
 
 
 def progress_bar(total: int, desc: str, progress: bool) -> tqdm:
@@ -258,9 +272,9 @@ def timing_pass(bench: Bench, progress: bool) -> None:
     for size, images, pending in todo:
         timed = time_batch(bench, [configurations[k] for k in pending], [bench.rules[k] for k in pending], images,
                            study.repeats)
-        for k, (generations, seconds) in zip(pending, timed):
+        for k, (generations, seconds) in zip(pending, timed):  # seconds: every repeat's
+            keep_samples(bench, configurations[k], images, generations)
             for image, generation in zip(images, generations):
-                keep_sample(bench, configurations[k], image, generation)
                 bench.records.add(timing_record(configurations[k], image, generation, seconds, size))
         bar.update(len(images) * len(pending))
     bar.close()
@@ -280,8 +294,8 @@ def sample_pass(bench: Bench, items: list[tuple[int, int]], progress: bool) -> l
             call = images[start:start + batch]
             generations = generate_batch(bench.bundle, [bench.condition(i) for i in call], bench.rules[k],
                                          configurations[k].tree, bench.sampling, [bench.study.seed + i for i in call])
-            for image, generation in zip(call, generations):
-                bench.records.add(sample_record(bench, configurations[k], image, generation))
+            for record in sample_records(bench, configurations[k], call, generations):
+                bench.records.add(record)
             bar.update(len(call))
     bar.close()
     return [bench.records.get("sample", configurations[k].label, image) for k, image in items]
@@ -375,8 +389,8 @@ def batch_table(bench: Bench) -> list[dict]:
     """Speed at every latency batch size, from the timed images' records: per configuration, images per second
     (timed images / the seconds of their calls), the latency of a call (each of its images waits for all of it),
     the speed-up over AR at the same batch size (AR's seconds / the configuration's, over the same calls; its
-    spread: the quartiles of the per-call ratios), and the lockstep cost: the rounds a call ran (its slowest
-    image's) over its images' mean own rounds."""
+    spread: the quartiles of the ratios of the same call's same repeat, which ran moments apart), and the
+    lockstep cost: the rounds a call ran (its slowest image's) over its images' mean own rounds."""
     study, configurations = bench.study, bench.study.configurations
     ar = next(k for k, c in enumerate(configurations) if c.name == "ar")
     rows = []
@@ -385,9 +399,12 @@ def batch_table(bench: Bench) -> list[dict]:
         timings = [[[bench.records.get("timing", c.label, i, size) for i in images] for images in calls]
                    for c in configurations]
         call_seconds = [[call[0]["latency_s"] for call in per_call] for per_call in timings]
+        repeat_seconds = [[call[0].get("repeats_s", [call[0]["latency_s"]]) for call in per_call]
+                          for per_call in timings]
         for k, configuration in enumerate(configurations):
             rounds = [[record["target_forwards"] for record in call] for call in timings[k]]
-            ratios = [a / m for a, m in zip(call_seconds[ar], call_seconds[k])]
+            ratios = [a / m for ar_call, call in zip(repeat_seconds[ar], repeat_seconds[k])
+                      for a, m in zip(ar_call, call)]
             rows.append({"batch": size, "label": configuration.label, "calls": len(calls),
                          "images_per_s": study.timed_images / sum(call_seconds[k]),
                          "call_latency_median_s": statistics.median(call_seconds[k]),

@@ -21,7 +21,16 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..core.decode import Workspace, accept, check_batch_memory, decode, draft_phase, generate, score, verify_phase
+from ..core.decode import (
+    Workspace,
+    accept,
+    check_batch_memory,
+    decode_batch,
+    draft_phase,
+    generate,
+    score,
+    verify_phase,
+)
 from ..core.graphs import CheckedPhases, HostReadError
 from ..core.rules import AR, CoolSD, Eagle
 from ..core.sampling import SamplingConfig
@@ -89,6 +98,7 @@ class Setting:
         target = bundle.target
         rule = rule or (Eagle() if tree.size else AR())
         ws = Workspace(target, bundle.drafter if tree.size else None, rule, tree, sampling, batch=batch)
+        ws.captured_phases = {}  # its own graphs (a graph runner keeps them on the workspace)
         ws.reset([seed + image for image in range(batch)])
         device, start = bundle.device, target.image_tokens // 2
         generator = torch.Generator().manual_seed(seed)
@@ -171,6 +181,7 @@ class CountedPhases:
 
     def __init__(self, inner: CheckedPhases, census: Census) -> None:
         self.inner, self.census, self.runs, self.phase_reads = inner, census, 0, 0
+        self.verifications: list[str] = []  # one per round
 
     def workspace(self, key: tuple, build: Callable):
         return self.inner.workspace(key, build)
@@ -180,6 +191,8 @@ class CountedPhases:
 
     def run(self, workspace, name: str, phase: Callable) -> None:
         self.census.paused, self.runs = True, self.runs + 1
+        if name == "verification":
+            self.verifications.append(name)
         try:
             self.inner.run(workspace, name, phase)
         except HostReadError:
@@ -189,19 +202,23 @@ class CountedPhases:
             self.census.paused = False
 
 
-def structure(bundle: Bundle, sampling: SamplingConfig, spec: str, rule, condition, seed: int = 0) -> dict:
-    """What one image's rounds cost the host, counted on the CPU (the figures do not depend on the hardware):
-    phase runs per round (the replays a GPU makes), torch operations issued outside the phases per round, and
-    host reads with the bytes they copy, per round and per image. The phases run under the CPU stand-in for
-    CUDA graphs, which refuses a host read inside them or an operation sequence that changes between rounds."""
+def structure(bundle: Bundle, sampling: SamplingConfig, spec: str, rule, condition, seed: int = 0,
+              batch: int = 1) -> dict:
+    """What one image's rounds (or a batch's, of ``batch`` images with the same condition and seeds from
+    ``seed``) cost the host, counted on the CPU (the figures do not depend on the hardware): phase runs per
+    round (the replays a GPU makes), torch operations issued outside the phases per round, and host reads with
+    the bytes they copy, per round and per image (per batch). The phases run under the CPU stand-in for CUDA
+    graphs, which refuses a host read inside them or an operation sequence that changes between rounds."""
     static = bundle.with_steps("static")
     census = Census()
     runner = CountedPhases(CheckedPhases(), census)
     tree = parse_draft(spec) if rule.drafts else DraftTree(())
     with census:
-        result = decode(static.target, static.drafter, condition, rule, tree, sampling, seed, runner=runner)
-    rounds = result.stats.target_forwards - 1  # the prefill is not a round
-    return {"draft": spec if rule.drafts else "none", "method": rule.name, "rounds": rounds,
+        results = decode_batch(static.target, static.drafter, [condition] * batch, rule, tree, sampling,
+                               [seed + image for image in range(batch)], runner=runner)
+    rounds = len(runner.verifications)  # the batch's rounds (the prefill is not one)
+    return {"draft": spec if rule.drafts else "none", "method": rule.name, "rounds": rounds, "batch": batch,
+            "tau": float(np.mean([result.stats.tau for result in results])),
             "phase_runs_per_round": runner.runs / rounds, "host_reads_in_rounds": runner.phase_reads,
             "operations_outside_phases_per_round": census.operations / rounds,
             "host_reads_per_image": census.reads, "host_bytes_per_image": census.read_bytes,

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .graphs import EAGER, PhaseRunner
-from .interface import Drafter, Target
+from .interface import Drafter, Target, stack_rows
 from .memory import available_memory, gigabytes
 from .params import check
 from .rules import AcceptanceRule
@@ -147,20 +147,15 @@ class Workspace:
         """A per-image tensor (B, ...) for every model row (g * B, ...), conditional rows first."""
         if self.batch == 1:
             return per_image.expand(self.rows, *per_image.shape[1:])
-        return per_image.repeat(self.guidance_rows, *([1] * (per_image.dim() - 1)))
+        return torch.cat([per_image] * self.guidance_rows) if self.guidance_rows > 1 else per_image
 
     def row_positions(self, positions: Tensor) -> Tensor:
         """Per-image positions (B, T) as a model takes them: (T,) shared by the rows of one image, else per row."""
-        return positions[0] if self.batch == 1 else positions.repeat(self.guidance_rows, 1)
+        return positions[0] if self.batch == 1 else self.per_row(positions)
 
     def guided(self, logits: Tensor, allowed: Tensor | None) -> Tensor:
         """Model rows' logits (g * B, T, V) -> each image's guided, filtered distributions (B, T, V)."""
         return probabilities(logits.unflatten(0, (self.guidance_rows, self.batch)), self.sampling, allowed)
-
-
-def stack_rows(per_image: list[Tensor]) -> Tensor:
-    """Each image's rows (g, ...) -> the batch's model rows (g * B, ...), conditional rows of every image first."""
-    return per_image[0] if len(per_image) == 1 else torch.stack(per_image, 1).flatten(0, 1)
 
 
 def prefill(ws: Workspace, conditions: Sequence[Any]) -> None:

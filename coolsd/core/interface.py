@@ -60,6 +60,11 @@ def allowed_tokens(target: Any, positions: Tensor) -> Tensor | None:
     return None if rules is None else rules.allowed_at(positions.cpu()).to(positions.device)
 
 
+def stack_rows(per_image: list[Tensor]) -> Tensor:
+    """Each image's rows (g, ...) -> the batch's model rows (g * B, ...), conditional rows of every image first."""
+    return per_image[0] if len(per_image) == 1 else torch.stack(per_image, 1).flatten(0, 1)
+
+
 class Cache(Protocol):
     """A model's key/value cache: committed positions, then a pending area a forward writes after them.
     ``commit(keep, count)`` appends the first ``count`` pending positions ``keep`` lists (indices into the

@@ -26,5 +26,7 @@ def available_memory(device: torch.device) -> int:
 
 
 def gigabytes(count: int) -> str:
-    """``1.2 GB`` (below 0.1 GB: ``35 MB``)."""
-    return f"{count / 1e9:.1f} GB" if count >= 1e8 else f"{count / 1e6:.0f} MB"
+    """``1.2 GB`` (below 0.1 GB: ``35 MB``; below 1 MB: ``120 kB``)."""
+    if count >= 1e8:
+        return f"{count / 1e9:.1f} GB"
+    return f"{count / 1e6:.0f} MB" if count >= 1e6 else f"{count / 1e3:.0f} kB"

@@ -116,7 +116,7 @@ class StaticKVCache(KVCache):
 
     def per_row(self, per_image: Tensor) -> Tensor:
         """A per-image tensor (B, ...) repeated for every guidance row (rows, ...), conditional rows first."""
-        return per_image.repeat(self.guidance_rows, *([1] * (per_image.dim() - 1)))
+        return torch.cat([per_image] * self.guidance_rows) if self.guidance_rows > 1 else per_image
 
     def commit(self, keep: "list[int] | Tensor | None", count: "Tensor | int | None" = None) -> None:
         """As :meth:`KVCache.commit`, with ``keep`` (B, W) per image (padded: only the first ``count`` of a row

@@ -3,8 +3,8 @@
 On a GPU a batch-1 step of a large target is bound by kernel launches and weight reads, so a round only pays
 if its steps are cheap to launch. :class:`coolsd.models.cache.StaticKVCache` attends over its whole buffer with a
 mask built on the device and commits on the device, so every round runs the same kernels on the same buffers,
-with nothing read back to the host. :class:`Steps` wraps a target or a drafter, keeps its caches between images, optionally
-compiles its forward, and carries the runner that captures the round's phases as CUDA graphs
+with nothing read back to the host. :class:`Steps` wraps a target or a drafter, keeps its caches between images,
+optionally compiles its forward, and carries the runner that captures the round's phases as CUDA graphs
 (:class:`coolsd.core.graphs.CudaGraphPhases`). The decoding loop does not change: it sees a Target or Drafter
 (:mod:`coolsd.core.interface`).
 """
