@@ -14,7 +14,7 @@ from chameleon_fixture import build_model_dir
 from helpers import chi_square_pvalue
 from test_chameleon import official_kinds
 
-from coolsd.core.decode import EMPTY, decode, generate
+from coolsd.core.decode import EMPTY, decode, decode_batch, generate
 from coolsd.core.interface import PositionRules
 from coolsd.core.likelihood import token_log_likelihoods
 from coolsd.core.rules import Eagle
@@ -66,6 +66,18 @@ def test_greedy_eagle_gives_greedy_ar_tokens(bundle, draft):
         eagle = decode(bundle.target, bundle.drafter, prompt, Eagle(), parse_draft(draft), sampling, 0).tokens
         assert eagle == ar
         check_layout(ar, 4)
+
+
+@pytest.mark.parametrize("draft", ["chain:5", "tree:eagle25"])
+def test_a_batch_of_prompts_of_different_lengths_gives_each_its_alone_tokens(bundle, draft):
+    """Spec sections 8 and 9: three prompts padded by different amounts (each row's RoPE shifted by its own
+    padding), forced structural positions, one batch: each image gets its alone tokens and its layout."""
+    prompts = bundle.text_encoder(["a red fox", "a photo of a bowl of ramen in the snow", "a lighthouse"])
+    sampling, tree, seeds = SamplingConfig(cfg_scale=3.0, top_k=2000), parse_draft(draft), [5, 6, 7]
+    batch = decode_batch(bundle.target, bundle.drafter, prompts, Eagle(), tree, sampling, seeds)
+    for prompt, seed, got in zip(prompts, seeds, batch):
+        assert got.tokens == decode(bundle.target, bundle.drafter, prompt, Eagle(), tree, sampling, seed).tokens
+        check_layout(got.tokens, 4)
 
 
 # --- Property 1 on an enumerated constrained model -------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from ..core.interface import Drafter, Target, allowed_tokens
+from ..core.interface import Drafter, Target, allowed_tokens, stack_rows
 from ..core.sampling import SamplingConfig, probabilities
 
 
@@ -98,10 +98,8 @@ def batch_prefix(target: Target, conditions: Sequence[Any]) -> tuple[Tensor, Ten
     """Prefix embeddings (2B, P, dim) with every conditional row first, then the unconditional ones, and the
     padding mask (2B, P) when the prefix has one."""
     prefixes = [target.prefix(condition, 2) for condition in conditions]
-    embeds = torch.cat([torch.stack([p.embeds[row] for p in prefixes]) for row in (0, 1)])
-    if prefixes[0].valid is None:
-        return embeds, None
-    return embeds, torch.cat([torch.stack([p.valid[row] for p in prefixes]) for row in (0, 1)])
+    embeds = stack_rows([p.embeds for p in prefixes])
+    return embeds, stack_rows([p.valid for p in prefixes]) if prefixes[0].valid is not None else None
 
 
 def by_image(rows: Tensor) -> Tensor:
