@@ -310,27 +310,26 @@ def run_benchmark(bundle: Bundle, study: Study, sampling: SamplingConfig, record
     bench = Bench(bundle, study, rules, benchmark_conditions(bundle), sampling, records or Records())
     passes = {}
     if shard.world == 1:
-        passes["timing_s"] = timed_pass(lambda: timing_pass(bench, progress))
-        passes["sample_s"] = timed_pass(lambda: sample_pass(bench, study.items(), progress))
+        passes["timing_s"], _ = timed_pass(lambda: timing_pass(bench, progress))
+        passes["sample_s"], _ = timed_pass(lambda: sample_pass(bench, study.items(), progress))
     else:
-        began = time.perf_counter()
-        samples = gather(sample_pass(bench, shard.share(study.items()), progress), shard)
-        passes["sample_s"] = time.perf_counter() - began
+        passes["sample_s"], samples = timed_pass(
+            lambda: gather(sample_pass(bench, shard.share(study.items()), progress), shard))
         if samples is None:
             return None
         for record in merge(samples, study):
             bench.records.add(record, save=False)  # saved by the process that made it
-        passes["timing_s"] = timed_pass(lambda: timing_pass(bench, progress))
+        passes["timing_s"], _ = timed_pass(lambda: timing_pass(bench, progress))
     if progress:  # what each pass took (of what it had left to do): not in the result, which a rerun reproduces
         print(f"passes: timing {passes['timing_s']:.1f} s, samples {passes['sample_s']:.1f} s", file=sys.stderr)
     return {**summarise_study(bench, keep_images), "processes": shard.world}
 
 
-def timed_pass(work) -> float:
-    """Wall seconds of a pass (of what it had left to do: a resumed pass skips its recorded items)."""
+def timed_pass(work):
+    """(wall seconds, result) of a pass (of what it had left to do: a resumed pass skips its recorded items)."""
     began = time.perf_counter()
-    work()
-    return time.perf_counter() - began
+    result = work()
+    return time.perf_counter() - began, result
 
 
 def column(records: list[dict], key: str) -> np.ndarray:

@@ -181,7 +181,7 @@ class CountedPhases:
 
     def __init__(self, inner: CheckedPhases, census: Census) -> None:
         self.inner, self.census, self.runs, self.phase_reads = inner, census, 0, 0
-        self.verifications: list[str] = []  # one per round
+        self.rounds = 0  # verification phases: one per round
 
     def workspace(self, key: tuple, build: Callable):
         return self.inner.workspace(key, build)
@@ -191,8 +191,7 @@ class CountedPhases:
 
     def run(self, workspace, name: str, phase: Callable) -> None:
         self.census.paused, self.runs = True, self.runs + 1
-        if name == "verification":
-            self.verifications.append(name)
+        self.rounds += name == "verification"
         try:
             self.inner.run(workspace, name, phase)
         except HostReadError:
@@ -216,7 +215,7 @@ def structure(bundle: Bundle, sampling: SamplingConfig, spec: str, rule, conditi
     with census:
         results = decode_batch(static.target, static.drafter, [condition] * batch, rule, tree, sampling,
                                [seed + image for image in range(batch)], runner=runner)
-    rounds = len(runner.verifications)  # the batch's rounds (the prefill is not one)
+    rounds = runner.rounds  # the batch's rounds (the prefill is not one)
     return {"draft": spec if rule.drafts else "none", "method": rule.name, "rounds": rounds, "batch": batch,
             "tau": float(np.mean([result.stats.tau for result in results])),
             "phase_runs_per_round": runner.runs / rounds, "host_reads_in_rounds": runner.phase_reads,

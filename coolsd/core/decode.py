@@ -403,10 +403,8 @@ def check_batch_memory(target: Target, drafter: Drafter | None, tree: DraftTree,
     if need["total"] > free:
         fits = int(batch * free / need["total"])
         raise ValueError(f"a batch of {batch} images needs about {gigabytes(need['total'])} on {target.device} "
-                         f"({gigabytes(need['caches'])} of KV caches), only {gigabytes(free)} is free: use a batch of "
-                         f"at most {fits}" if fits else
-                         f"a batch of {batch} images needs about {gigabytes(need['total'])} on {target.device}, "
-                         f"only {gigabytes(free)} is free")
+                         f"({gigabytes(need['caches'])} of KV caches), only {gigabytes(free)} is free"
+                         + (f": use a batch of at most {fits}" if fits else ""))
     return {**need, "available": free}
 
 
