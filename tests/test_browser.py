@@ -185,9 +185,12 @@ def test_browser_generate_then_invalid_input(server, browser, tmp_path):
     # stays on the page, whole: both images, the caption, the table and the figures, with no error badge
     shown = page_result(page)
     page.get_by_label("linear").check()
+    # the omega line shows the page holds the new schedule before Generate reads it (a click sent with the old
+    # one would regenerate the same image, identical on the page, and no message would come)
+    expect(page.locator("#omega-line")).to_contain_text("too steep for a linear schedule")
     page.get_by_role("button", name="Generate", exact=True).click()
     error = page.locator(TOASTS).filter(has_text="too steep for a linear schedule")
-    expect(error.first).to_be_visible(timeout=20000)
+    expect(error.first).to_be_visible(timeout=60000)
     assert "Traceback" not in page.content()
     page.wait_for_timeout(1000)
     assert page_result(page) == shown
