@@ -267,6 +267,43 @@ def test_point_labels_cover_no_marker_and_no_other_label(figures):
                 assert not any(overlap_area(box, marker) > 1 for marker in markers), (name, ax.texts[i].get_text())
 
 
+def laid_out_label_box(ax, renderer, xy, text, size, scale, placed):
+    """The placement by definition: lay the label out at every offset in turn and measure it there."""
+    for dx, dy in plots.LABEL_OFFSETS:
+        label = ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=size,
+                            ha="left" if dx > 0 else "right")
+        label.update_positions(renderer)
+        box = Text.get_window_extent(label, renderer).padded(1)
+        label.remove()
+        if not any(box.overlaps(other) for other in placed) and ax.bbox.contains(*box.p0) \
+                and ax.bbox.contains(*box.p1):
+            return (dx, dy), box
+    return None
+
+
+def placements(fig: Figure) -> list:
+    return [(ax.get_title(), t.get_text(), t.xyann, t.get_ha()) for ax in fig.axes for t in ax.texts]
+
+
+def test_labels_placed_by_moving_one_layout_match_laying_out_every_offset(bench_runs, shipped_study, narrow,
+                                                                          monkeypatch):
+    """The label placement measures a text once and moves its box; laying it out at each offset must choose the
+    same offsets and sides (the right-aligned ones included) on the shipped study and a plain benchmark."""
+    def draw() -> list:
+        made = [plots.study_quality(shipped_study, None, ("chain:5", 3.74, -0.1), narrow=narrow),
+                plots.study_quality(shipped_study, "fid", families=plots.family_choices(shipped_study["runs"]).values(),
+                                    narrow=narrow),
+                plots.tradeoff(bench_runs, (3.57, 7.55), y_key="fid", families=ALL_PLAIN, narrow=narrow)]
+        return [placements(fig) for fig in made]
+
+    fast = draw()
+    monkeypatch.setattr(plots, "_free_label_box", laid_out_label_box)
+    reference = draw()
+    assert fast == reference
+    sides = {ha for fig in fast for *_, ha in fig}
+    assert sides == {"left", "right"} and sum(len(fig) for fig in fast) > 40
+
+
 def test_the_plain_benchmark_measures_its_own_noise(bench_runs):
     """No study: the note gives AR minus Eagle-1 of the benchmark itself (the same distribution, so one measure
     of the noise), not a fixed "about ±1 at 200 images"; without that pair it says the noise is unknown."""
@@ -484,6 +521,30 @@ def test_replay_marks_every_drafted_node_with_what_verification_made_of_it(narro
     assert np.allclose(emitted.get_facecolor()[0], to_rgba(plots.ORIGIN_STYLE[RESAMPLED][0]))
     assert "R" in [t.get_text() for t in ax.texts]
     assert ax.get_title().replace("\n", " ") == "drafted tree: 25 nodes (2 invalid), 5 tested, 2 accepted"
+
+
+def test_replay_marks_the_rounds_cells_on_the_image(narrow):
+    """Round 1 of the hand-made round emits 3 tokens at cells 1-3 of a 4 x 4 grid: two accepted drafts, then a
+    resampled token outlined as rejected; cells 4-15 are not generated yet, cell 0 (earlier) stays unmarked."""
+    stats, _ = hand_made_round()
+    fig = plots.replay(np.zeros((16, 16), dtype=np.uint8), stats, (4, 4), 1, narrow=narrow)
+    ax = next(ax for ax in fig.axes if ax.get_title().startswith("3 tokens"))
+    drawn = []
+    for (collection,) in [ax.collections]:
+        for path, face, edge in zip(collection.get_paths(), collection.get_facecolor(), collection.get_edgecolor()):
+            (x0, y0), (x1, y1) = path.get_extents().get_points()
+            assert np.allclose([x1 - x0, y1 - y0], 4)  # a 16-pixel image of 4 x 4 tokens: 4-pixel cells
+            drawn.append((round((x0 + 0.5) / 4) + 4 * round((y0 + 0.5) / 4), tuple(face), tuple(edge)))
+    accepted, resampled = to_rgba(plots.ACCEPTED_COLOR, 0.45), to_rgba(plots.ORIGIN_STYLE[RESAMPLED][0], 0.45)
+    not_yet = to_rgba(plots.NOT_YET_COLOR, 0.8)
+    expected = [(1, accepted, accepted), (2, accepted, accepted), (3, resampled, resampled),  # a patch's alpha
+                (3, (0, 0, 0, 0), to_rgba(plots.REJECTED_EDGE))]  # applies to its edge too; the outline is opaque
+    expected += [(cell, not_yet, not_yet) for cell in range(4, 16)]  # no edge line: lw=0
+    assert sorted(index for index, *_ in drawn) == sorted(index for index, *_ in expected)
+    for (index, face, edge), (want_index, want_face, want_edge) in zip(sorted(drawn), sorted(expected)):
+        assert index == want_index and np.allclose(face, want_face), (index, face, want_face)
+        if index < 4:
+            assert np.allclose(edge, want_edge), (index, edge, want_edge)
 
 
 def test_replay_cuts_the_tree_to_the_round_near_the_image_end():

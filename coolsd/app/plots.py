@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.collections import LineCollection
+from matplotlib.collections import LineCollection, PatchCollection
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
@@ -265,6 +265,13 @@ def _grid_axes(ax, image: np.ndarray, grid: tuple[int, int], dim: float = 1.0):
     return cell
 
 
+def _add_cells(ax: Axes, cells: list[Rectangle]) -> None:
+    """Draw token cells as one collection, each keeping its own style: a patch per cell costs a limits update
+    each, most of a map's or a replay's drawing time. The image already fixes the axes' limits."""
+    if cells:
+        ax.add_collection(PatchCollection(cells, match_original=True), autolim=False)
+
+
 def _depth_color(depth: int, depth_max: int):
     return DEPTH_CMAP((depth - 1) / max(1, depth_max - 1))
 
@@ -294,12 +301,14 @@ def acceptance_map(image: np.ndarray, stats: GenerationStats, grid: tuple[int, i
                  fontsize=style.subtitle + 1)
     cell = _grid_axes(ax, image, grid, dim=0.55)
     depth_max = max(1, stats.tree_depth)
+    cells = []
     for index, (origin, depth) in enumerate(zip(stats.token_origin, stats.token_depth)):
         x, y, cell_w, cell_h = cell(index)
         color, text = (_depth_color(depth, depth_max), str(depth)) if origin == DRAFT else ORIGIN_STYLE[origin]
-        ax.add_patch(Rectangle((x, y), cell_w, cell_h, facecolor=color, alpha=0.45, edgecolor="white", lw=0.4))
+        cells.append(Rectangle((x, y), cell_w, cell_h, facecolor=color, alpha=0.45, edgecolor="white", lw=0.4))
         ax.text(x + cell_w / 2, y + cell_h / 2, text, ha="center", va="center", fontsize=style.small,
                 color="white", fontweight="bold")
+    _add_cells(ax, cells)
     _legend_below(fig, legend, ncol=2, size=style.legend)
     return fig
 
@@ -415,16 +424,18 @@ def _image_panel(ax: Axes, image: np.ndarray, grid: tuple[int, int], current: Ro
     a rejection, outlined red; yellow if a bonus), later cells dark."""
     cell = _grid_axes(ax, image, grid)
     start, emitted = current.start, len(current.emitted)
+    cells = []
     for index in range(start, grid[0] * grid[1]):
         x, y, cell_w, cell_h = cell(index)
         if index >= start + emitted:  # not generated yet
-            ax.add_patch(Rectangle((x, y), cell_w, cell_h, facecolor=NOT_YET_COLOR, alpha=0.8, lw=0))
+            cells.append(Rectangle((x, y), cell_w, cell_h, facecolor=NOT_YET_COLOR, alpha=0.8, lw=0))
             continue
         last = index == start + emitted - 1
         color = ORIGIN_STYLE[current.next_origin][0] if last else ACCEPTED_COLOR
-        ax.add_patch(Rectangle((x, y), cell_w, cell_h, facecolor=color, alpha=0.45, edgecolor=color, lw=1.5))
+        cells.append(Rectangle((x, y), cell_w, cell_h, facecolor=color, alpha=0.45, edgecolor=color, lw=1.5))
         if last and current.next_origin == RESAMPLED:  # a candidate was rejected in this cell
-            ax.add_patch(Rectangle((x, y), cell_w, cell_h, fill=False, edgecolor=REJECTED_EDGE, lw=2.5))
+            cells.append(Rectangle((x, y), cell_w, cell_h, fill=False, edgecolor=REJECTED_EDGE, lw=2.5))
+    _add_cells(ax, cells)
     ax.set_title(_emitted_words(current), fontsize=size)
 
 
@@ -499,33 +510,46 @@ def _label_points(ax: Axes, points: list[tuple[float, float, str]], size: float 
     no free side in a dense cluster stays unlabelled rather than hide its neighbours. The figure must be drawn
     already (its layout final); the labels take no part in the layout, so the positions measured here hold in
     the saved image."""
-    renderer = ax.figure.canvas.get_renderer()
-    radius = 4 * ax.figure.dpi / 72  # a marker's half-width in pixels
+    renderer, scale = ax.figure.canvas.get_renderer(), ax.figure.dpi / 72  # offsets and sizes are in points
+    radius = 4 * scale  # a marker's half-width in pixels
     placed = [Bbox.from_bounds(px - radius, py - radius, 2 * radius, 2 * radius)
               for px, py in ax.transData.transform([(x, y) for x, y, _ in points])] if points else []
-    cap = 3 * ax.figure.dpi / 72  # an error bar's caps are 4 pt wide
+    cap = 3 * scale  # an error bar's caps are 4 pt wide
     for x, low, high in spans:
         (x0, y0), (_, y1) = ax.transData.transform([(x, low), (x, high)])
         placed.append(Bbox.from_extents(x0 - cap, min(y0, y1) - cap, x0 + cap, max(y0, y1) + cap))
     if star is not None:
-        (px, py), half = ax.transData.transform(star), 7 * ax.figure.dpi / 72  # the star is 14 pt wide
+        (px, py), half = ax.transData.transform(star), 7 * scale  # the star is 14 pt wide
         placed.append(Bbox.from_bounds(px - half, py - half, 2 * half, 2 * half))
     for x, y, text in points:
-        for dx, dy in LABEL_OFFSETS:
-            leader = {"arrowstyle": "-", "color": "0.6", "lw": 0.6} if abs(dy) > 20 else None  # a far label
-            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=size,
-                                ha="left" if dx > 0 else "right", color="0.25", arrowprops=leader)
-            label.update_positions(renderer)
-            box = Text.get_window_extent(label, renderer).padded(1)  # the text alone, not its leader line; a
-            # pixel apart, so that "δ=2δ=2" never reads as one label
-            if not any(box.overlaps(other) for other in placed) and ax.bbox.contains(*box.p0) \
-                    and ax.bbox.contains(*box.p1):
-                break
-            label.remove()
-        else:
+        box = _free_label_box(ax, renderer, (x, y), text, size, scale, placed)
+        if box is None:
             continue
+        (dx, dy), box = box
+        leader = {"arrowstyle": "-", "color": "0.6", "lw": 0.6} if abs(dy) > 20 else None  # a far label
+        label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=size,
+                            ha="left" if dx > 0 else "right", color="0.25", arrowprops=leader)
         label.set_in_layout(False)
         placed.append(box)
+
+
+def _free_label_box(ax: Axes, renderer, xy: tuple[float, float], text: str, size: float, scale: float,
+                    placed: list[Bbox]) -> tuple[tuple[float, float], Bbox] | None:
+    """The first of LABEL_OFFSETS where the label's box (a pixel apart, so that "δ=2δ=2" never reads as one
+    label) covers nothing ``placed`` and stays inside the axes, with that box; None if none. The text is laid out
+    once: another offset or side only moves its box, so trying all of them costs arithmetic, not layouts."""
+    dx0, dy0 = LABEL_OFFSETS[0]
+    probe = ax.annotate(text, xy, xytext=(dx0, dy0), textcoords="offset points", fontsize=size, ha="left")
+    probe.update_positions(renderer)
+    first = Text.get_window_extent(probe, renderer)  # the text alone, not a leader line
+    probe.remove()
+    for dx, dy in LABEL_OFFSETS:  # ha="right" puts the text's right edge where "left" puts its left edge
+        shift = (dx - dx0) * scale - (first.width if dx < 0 else 0)
+        box = first.translated(shift, (dy - dy0) * scale).padded(1)
+        if not any(box.overlaps(other) for other in placed) and ax.bbox.contains(*box.p0) \
+                and ax.bbox.contains(*box.p1):
+            return (dx, dy), box
+    return None
 
 
 def _benchmark_images(runs: list[dict]) -> int | None:
