@@ -267,7 +267,7 @@ def test_point_labels_cover_no_marker_and_no_other_label(figures):
                 assert not any(overlap_area(box, marker) > 1 for marker in markers), (name, ax.texts[i].get_text())
 
 
-def laid_out_label_box(ax, renderer, xy, text, size, scale, placed):
+def laid_out_label_box(ax, renderer, xy, text, size, placed):
     """The placement by definition: lay the label out at every offset in turn and measure it there."""
     for dx, dy in plots.LABEL_OFFSETS:
         label = ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=size,
@@ -529,12 +529,12 @@ def test_replay_marks_the_rounds_cells_on_the_image(narrow):
     stats, _ = hand_made_round()
     fig = plots.replay(np.zeros((16, 16), dtype=np.uint8), stats, (4, 4), 1, narrow=narrow)
     ax = next(ax for ax in fig.axes if ax.get_title().startswith("3 tokens"))
+    (collection,) = ax.collections
     drawn = []
-    for (collection,) in [ax.collections]:
-        for path, face, edge in zip(collection.get_paths(), collection.get_facecolor(), collection.get_edgecolor()):
-            (x0, y0), (x1, y1) = path.get_extents().get_points()
-            assert np.allclose([x1 - x0, y1 - y0], 4)  # a 16-pixel image of 4 x 4 tokens: 4-pixel cells
-            drawn.append((round((x0 + 0.5) / 4) + 4 * round((y0 + 0.5) / 4), tuple(face), tuple(edge)))
+    for path, face, edge in zip(collection.get_paths(), collection.get_facecolor(), collection.get_edgecolor()):
+        (x0, y0), (x1, y1) = path.get_extents().get_points()
+        assert np.allclose([x1 - x0, y1 - y0], 4)  # a 16-pixel image of 4 x 4 tokens: 4-pixel cells
+        drawn.append((round((x0 + 0.5) / 4) + 4 * round((y0 + 0.5) / 4), tuple(face), tuple(edge)))
     accepted, resampled = to_rgba(plots.ACCEPTED_COLOR, 0.45), to_rgba(plots.ORIGIN_STYLE[RESAMPLED][0], 0.45)
     not_yet = to_rgba(plots.NOT_YET_COLOR, 0.8)
     expected = [(1, accepted, accepted), (2, accepted, accepted), (3, resampled, resampled),  # a patch's alpha

@@ -522,10 +522,10 @@ def _label_points(ax: Axes, points: list[tuple[float, float, str]], size: float 
         (px, py), half = ax.transData.transform(star), 7 * scale  # the star is 14 pt wide
         placed.append(Bbox.from_bounds(px - half, py - half, 2 * half, 2 * half))
     for x, y, text in points:
-        box = _free_label_box(ax, renderer, (x, y), text, size, scale, placed)
-        if box is None:
+        found = _free_label_box(ax, renderer, (x, y), text, size, placed)
+        if found is None:
             continue
-        (dx, dy), box = box
+        (dx, dy), box = found
         leader = {"arrowstyle": "-", "color": "0.6", "lw": 0.6} if abs(dy) > 20 else None  # a far label
         label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=size,
                             ha="left" if dx > 0 else "right", color="0.25", arrowprops=leader)
@@ -533,12 +533,12 @@ def _label_points(ax: Axes, points: list[tuple[float, float, str]], size: float 
         placed.append(box)
 
 
-def _free_label_box(ax: Axes, renderer, xy: tuple[float, float], text: str, size: float, scale: float,
+def _free_label_box(ax: Axes, renderer, xy: tuple[float, float], text: str, size: float,
                     placed: list[Bbox]) -> tuple[tuple[float, float], Bbox] | None:
     """The first of LABEL_OFFSETS where the label's box (a pixel apart, so that "δ=2δ=2" never reads as one
     label) covers nothing ``placed`` and stays inside the axes, with that box; None if none. The text is laid out
     once: another offset or side only moves its box, so trying all of them costs arithmetic, not layouts."""
-    dx0, dy0 = LABEL_OFFSETS[0]
+    (dx0, dy0), scale = LABEL_OFFSETS[0], ax.figure.dpi / 72  # offsets are in points
     probe = ax.annotate(text, xy, xytext=(dx0, dy0), textcoords="offset points", fontsize=size, ha="left")
     probe.update_positions(renderer)
     first = Text.get_window_extent(probe, renderer)  # the text alone, not a leader line
