@@ -7,7 +7,7 @@ Fashion-MNIST model's data, tokenizer, judge and training), ``app`` (the explore
 
     bundle = coolsd.load_bundle()                       # the shipped model
     tree = coolsd.parse_draft("tree:eagle25")
-    rule = coolsd.build_rule("cool", {"delta": 2}, tree.depth, bundle.neighbours)
+    rule = coolsd.build_rule("cool", {"delta": 2}, tree.depth, bundle)
     image = bundle.image(coolsd.decode_image(bundle, 3, rule, tree, seed=0).tokens)
     images = coolsd.decode_images(bundle, [3, 3, 7], rule, tree, seeds=[0, 1, 2])  # one batch, lockstep rounds
 

@@ -24,7 +24,7 @@ def named(bundle: Bundle, class_id: int, method: str, params: dict | None = None
           sampling: SamplingConfig | None = None, seed: int = 0, capture: bool = False) -> Generation:
     """``generate`` from a method name and parameters, as the command line parses them."""
     tree = parse_draft(draft)
-    rule = build_rule(method, params or {}, tree.depth, bundle.neighbours)
+    rule = build_rule(method, params or {}, tree.depth, bundle)
     return generate(bundle, class_id, rule, tree, sampling, seed, capture)
 
 

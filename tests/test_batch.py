@@ -102,7 +102,7 @@ def batched_images(bundle: Bundle, case: tuple, batches: int) -> tuple[list[list
     the mean tokens per round."""
     method, params, paths, sampling = case
     tree = DraftTree(tuple(paths), "batch")
-    rule = build_rule(method, params, max(tree.depth, 1), bundle.neighbours)
+    rule = build_rule(method, params, max(tree.depth, 1), bundle)
     calls, taus = [], []
     for call in range(batches):
         runs = decode_batch(bundle.target, bundle.drafter, list(CONDITIONS), rule, tree, sampling,
@@ -143,7 +143,7 @@ def test_the_joint_test_sees_images_that_share_their_random_numbers(three_classe
         generator = self.generators[0]
         uniforms[0].uniform_(generator=generator)
         uniforms.copy_(uniforms[:1].expand_as(uniforms))
-        for races in self.races:
+        for races, _ in self.source.randoms:
             races[0].exponential_(generator=generator)
             races.copy_(races[:1].expand_as(races))
 
@@ -275,7 +275,7 @@ def test_the_memory_estimate_counts_the_caches_a_batch_allocates(shipped):
     tree = parse_draft("tree:eagle25")
     rule = build_rule("eagle", {}, tree.depth, shipped.neighbours)
     ws = decode_module.Workspace(shipped.target, shipped.drafter, rule, tree, shipped.sampling, batch=6)
-    held = sum(2 * cache.keys.numel() * cache.keys.element_size() for cache in (ws.target_cache, ws.drafter_cache))
+    held = sum(2 * cache.keys.numel() * cache.keys.element_size() for cache in (ws.target_cache, ws.source.cache))
     assert batch_memory(shipped.target, shipped.drafter, tree, shipped.sampling, 6)["caches"] == held
 
 

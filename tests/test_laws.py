@@ -333,7 +333,7 @@ def test_decode_follows_the_spec_law(bundle: Bundle, name: str) -> None:
     case = LAW_CASES[name]
     law, vanilla = expected_law(bundle, case)
     tree = DraftTree(tuple(case.paths), name)
-    rule = build_rule(case.method, case.params, tree.depth, bundle.neighbours)
+    rule = build_rule(case.method, case.params, tree.depth, bundle)
     runs = [decode(bundle.target, bundle.drafter, CLASS_ID, rule, tree, case.sampling, seed) for seed in range(SAMPLES)]
     pvalue = chi_square_pvalue([tuple(run.tokens) for run in runs], law)
     assert pvalue > ALPHA, f"{name}: chi-square p-value {pvalue:.2e} over {SAMPLES} images"

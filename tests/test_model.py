@@ -71,7 +71,7 @@ def drafting_workspace(bundle, tree: DraftTree, sampling: SamplingConfig, seed: 
     """A workspace for ``tree`` whose drafter has seen nothing yet (its caches empty, the generator seeded)."""
     ws = Workspace(bundle.target, bundle.drafter, Eagle(), tree, sampling)
     ws.reset([seed])
-    ws.feature_buffers(torch.zeros(sampling.rows, 1, CFG.dim))
+    ws.source.feature_buffers(ws, torch.zeros(sampling.rows, 1, CFG.dim))
     return ws
 
 
@@ -81,12 +81,12 @@ def catch_up_and_draft(ws: Workspace, committed: list[int], tokens: list[int], f
     count = len(tokens)
     ws.tokens[0, :len(committed)] = torch.tensor(committed)
     ws.n.fill_(len(committed))
-    ws.pending_tokens[0, :count] = torch.tensor(tokens)
-    ws.pending_features[:, :count] = features
-    ws.pending_count.fill_(count)
+    ws.source.pending_tokens[0, :count] = torch.tensor(tokens)
+    ws.source.pending_features[:, :count] = features
+    ws.source.pending_count.fill_(count)
     ws.draw_randoms(ws.walk_uniforms)  # the races this round's drafting reads, as a verification leaves them
     draft_phase(ws)
-    return ws.node_tokens[0].clone(), ws.node_valid[0].clone(), ws.q[0].clone(), ws.node_features.clone()
+    return ws.node_tokens[0].clone(), ws.node_valid[0].clone(), ws.q[0].clone(), ws.source.node_features.clone()
 
 
 def test_drafter_tree_matches_uncached_drafter():
@@ -103,7 +103,7 @@ def test_drafter_tree_matches_uncached_drafter():
         # first round caught up on h_0 only; second round on h_1, h_2 with tokens x_2, x_3
         catch_up_and_draft(ws, committed[:1], committed[:1], features[:, :1])
         tokens, valid, q, node_features = catch_up_and_draft(ws, committed, committed[1:], features[:, 1:])
-        assert ws.drafter_cache.length == 3
+        assert ws.source.cache.length == 3
         for node in range(1, tree.levels[tree.depth].start):  # the deepest level is not fed back
             path, walk = [], node
             while walk > 0:

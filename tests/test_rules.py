@@ -13,6 +13,7 @@ from coolsd.core.rules import (
     CoolSD,
     Eagle,
     Lantern,
+    ModelTables,
     RuleSpec,
     UniformRSD,
     build_rule,
@@ -259,7 +260,8 @@ def test_invalid_parameters_raise_named_value_errors(call, needle):
 
 
 
-ARGUMENT = {"lambda": "lam"}  # a schema name that is a Python keyword -> the constructor argument it is passed as
+# a schema name that is a Python keyword, or shortened -> the constructor argument it is passed as
+ARGUMENT = {"lambda": "lam", "dist": "distance"}
 
 
 def default_mismatches(spec: RuleSpec, rule_class: type) -> list[str]:
@@ -277,9 +279,9 @@ def default_mismatches(spec: RuleSpec, rule_class: type) -> list[str]:
 def test_one_default_per_parameter_the_schemas():
     """A parameter not given takes its schema's default (README: delta 2, not the lossless 1), and every
     registered rule class's constructor defaults to the same values."""
-    neighbours = lambda count: nearest_codes(CODEBOOK, count)  # noqa: E731
+    tables = ModelTables(lambda count: nearest_codes(CODEBOOK, count), lambda: CODEBOOK)
     for name, spec in REGISTERED.items():
-        rule = build_rule(name, {}, 5, neighbours)
+        rule = build_rule(name, {}, 5, tables)
         assert rule.params() == {schema.name: schema.default for schema in spec.params}, name
         assert default_mismatches(spec, type(rule)) == [], name
     assert build_rule("uniform", {}, 5).omega(1) == 2.0 and build_rule("uniform", {"delta": 3}, 5).delta == 3.0

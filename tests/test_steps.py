@@ -26,6 +26,7 @@ from test_laws import bundle as law_bundle  # noqa: F401  (a fixture)
 from torch.overrides import TorchFunctionMode
 
 from coolsd.core import decode as decode_module
+from coolsd.core.sources import DrafterSource
 from coolsd.core.decode import decode, generate
 from coolsd.core.graphs import EAGER, CheckedPhases, EagerPhases, HostReadError
 from coolsd.core.rules import AR, CoolSD, Eagle, build_rule
@@ -169,15 +170,15 @@ def test_checked_phases_catch_a_host_read_and_a_shape_that_moves(shipped, monkey
     monkeypatch.setattr(decode_module, "walk", original)
 
     graphs, _ = graph_like(shipped)
-    drafting, calls = decode_module.draft_tree, []
+    drafting, calls = DrafterSource.draft, []
 
-    def branching(ws, levels):  # a Python-side branch: an extra operation every other round
+    def branching(self, ws, levels):  # a Python-side branch: an extra operation every other round
         calls.append(1)
-        drafting(ws, levels)
+        drafting(self, ws, levels)
         if len(calls) % 2:
             ws.q.sum()
 
-    monkeypatch.setattr(decode_module, "draft_tree", branching)
+    monkeypatch.setattr(DrafterSource, "draft", branching)
     with pytest.raises(RuntimeError, match="changed between rounds"):
         generate(graphs, 4, Eagle(), parse_draft("chain:5"), seed=1)
 

@@ -208,7 +208,7 @@ def parse_request(bundle: Bundle, method: str, params: Mapping, draft: str, clas
     sampling = SamplingConfig(cfg_scale=check("cfg_scale", cfg_scale), temperature=check("temperature", temperature),
                               top_k=check("top_k", top_k, high=bundle.config.vocab_size), top_p=check("top_p", top_p))
     tree = parse_draft(draft)
-    rule = build_rule(name, checked, tree.depth, bundle.neighbours)  # refuses e.g. a too steep linear nu
+    rule = build_rule(name, checked, tree.depth, bundle)  # refuses e.g. a too steep linear nu
     return Request(method, name, tuple(sorted(checked.items())), draft, class_id, check("seed", seed), sampling, rule,
                    tree, model if isinstance(model, str) else "", prompt)
 

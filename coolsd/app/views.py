@@ -180,7 +180,7 @@ def captured_case(capture_bundle: Bundle, result: Comparison, request: Request) 
     """The theory table on the pairs the last Eagle-1 run captured, the rule built for the model that made
     them (LANTERN++'s neighbours are that model's codes), whichever model is selected now."""
     depth, made = request.tree.depth, result.request
-    rule = build_rule(request.method, request.param_dict, depth, capture_bundle.neighbours)
+    rule = build_rule(request.method, request.param_dict, depth, capture_bundle)
     table = captured_theory(result.eagle.stats.captured, rule, depth)
     counts = ", ".join(str(n) for n in table["pairs"])
     note = (f"{len(result.eagle.stats.captured)} (p, q) pairs captured along the last Eagle-1 run (seed "
@@ -272,7 +272,7 @@ def measured_run(bundle: Bundle, request: Request) -> dict | None:
         if drafts and run["draft"] != request.draft:
             continue
         depth = parse_draft(run["draft"]).depth if drafts else 0
-        if build_rule(run["method"], run["params"], depth, bundle.neighbours).params() == wanted:
+        if build_rule(run["method"], run["params"], depth, bundle).params() == wanted:
             return run
     return None
 

@@ -306,7 +306,7 @@ def run_benchmark(bundle: Bundle, study: Study, sampling: SamplingConfig, record
     """Measure the study (one pass on one process; under torchrun a sharded untimed pass, then the timing pass
     on rank 0: see the module's docstring) and summarise it: the result on rank 0, None on the others."""
     shard = shard or Shard()
-    rules = [build_rule(c.name, c.params, c.tree.depth, bundle.neighbours) for c in study.configurations]
+    rules = [build_rule(c.name, c.params, c.tree.depth, bundle) for c in study.configurations]
     bench = Bench(bundle, study, rules, benchmark_conditions(bundle), sampling, records or Records())
     passes = {}
     if shard.world == 1:

@@ -153,7 +153,7 @@ def generate_image(argv: list[str] | None) -> int:
     """Check every option, load the model, build the rule once, generate, write the outputs, print a summary."""
     args = check_args(build_parser().parse_args(argv))
     bundle = load_model(args)
-    rule = build_rule(args.method, args.params, args.tree.depth, bundle.neighbours)
+    rule = build_rule(args.method, args.params, args.tree.depth, bundle)
     result = generate(bundle, encode(bundle, args.condition), rule, args.tree, sampling_from(args.overrides, bundle),
                       args.seed)
     if args.out:

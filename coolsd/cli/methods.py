@@ -4,9 +4,10 @@ Names and parameters come from the rule registry (:data:`coolsd.core.rules.RULES
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..core.params import Param, shorten
-from ..core.rules import RULES, build_rule, rule_spec
+from ..core.rules import RULES, ModelTables, build_rule, rule_spec
 
 
 def parse_value(text: str) -> int | float | str:
@@ -43,13 +44,13 @@ def parse_method(spec: str) -> tuple[str, dict]:
 
 
 def check_rule(name: str, params: dict, depth: int, vocab_size: int) -> None:
-    """Build the method's acceptance rule once, with a stand-in for LANTERN++'s neighbour table (as wide as
-    the model's vocabulary allows), so that everything the rule itself refuses (a too steep linear ``nu``, a
+    """Build the method's acceptance rule once, with stand-ins for LANTERN++'s neighbour table (as wide as
+    the model's vocabulary allows) and GSD's embeddings, so that everything the rule itself refuses (a too steep linear ``nu``, a
     ``k`` beyond the vocabulary) is refused before a model is loaded."""
     def neighbours(count: int) -> np.ndarray:
         return np.zeros((1, min(count, vocab_size - 1)), dtype=np.int64)
 
-    build_rule(name, params, depth, neighbours)
+    build_rule(name, params, depth, ModelTables(neighbours, lambda: torch.zeros(1, 1)))
 
 
 def method_label(name: str, params: dict) -> str:

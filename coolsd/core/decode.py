@@ -1,9 +1,11 @@
 """The decoding loop: one engine for vanilla AR (the empty draft), chain and static-tree speculative decoding, for
 one image or a batch of images in lockstep rounds.
 
-A round (spec section 1) has two phases. ``draft_phase``: the drafter catches up on the pairs the last round
-kept, then drafts the tree level by level. ``verify_phase``: the target scores root + tree in one forward, the
-acceptance walk keeps a path (:func:`coolsd.core.verify.walk`), and the caches commit it. Both read and write
+A round (spec section 1) has two phases. ``draft_phase``: the draft source fills the tree (the Eagle-1 head catches
+up on the pairs the last round kept, then drafts level by level; :mod:`coolsd.core.sources`). ``verify_phase``: the
+target scores root + tree in one forward, the acceptance walk keeps a path (:func:`coolsd.core.verify.walk`), the
+caches commit it, and the source observes the outcome (a Jacobi window, :mod:`coolsd.core.jacobi`, refreshes its
+drafts from this forward's rows there, so its rounds have no drafting phase). Both read and write
 the fixed buffers of a :class:`Workspace` on the device and read nothing back to the host, so a phase can be
 captured once as a CUDA graph and replayed (:mod:`coolsd.core.graphs`). The host enqueues the rounds it knows
 the images need (each emits at most depth + 1 tokens), then reads how far the least advanced image got; the
@@ -31,15 +33,19 @@ from torch import Tensor
 
 from .graphs import EAGER, PhaseRunner
 from .interface import Drafter, Target, stack_rows
+from .jacobi import JacobiSource
 from .memory import available_memory, gigabytes
 from .params import check
 from .rules import AcceptanceRule
-from .sampling import SamplingConfig, draw_without_replacement, probabilities, sample
+from .sampling import SamplingConfig, probabilities, sample
+from .sources import DraftSource, DrafterSource, gather_rows
+from .sources import causal_mask as causal
 from .stats import FIRST, RECORD_GROUPS, GenerationStats, Round, Timer, add_rounds, record_widths
 from .trees import DraftTree
 from .verify import TARGET_CODE, Verdict, distributions, walk
 
 EMPTY = DraftTree((), "none")
+SOURCES: dict[str, type[DraftSource]] = {"drafter": DrafterSource, "jacobi": JacobiSource}  # by ``DraftTree.source``
 
 
 @dataclass
@@ -51,11 +57,6 @@ class Generation:
 def acceptance_dtype(device: torch.device) -> torch.dtype:
     """float64 on a CPU (the exactness tests hold to rounding); float32 on CUDA, where float64 is slow."""
     return torch.float64 if device.type == "cpu" else torch.float32
-
-
-def causal(length: int, device: torch.device) -> Tensor | None:
-    """The pending-area mask of ``length`` positions in a row (None for one: it sees everything)."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril() if length > 1 else None
 
 
 class Workspace:
@@ -74,9 +75,8 @@ class Workspace:
         rules = getattr(target, "position_rules", None)  # constrained positions (spec section 8), or None
         self.rules = rules.padded(window + 1, device) if rules is not None else None
         self.last_position = target.prefix_length + images - 1  # positions past the image are clamped (unused)
-        max_len = target.prefix_length + images + tree.size
-        self.target_cache = target.new_cache(rows, max_len, batch)
-        self.drafter_cache = drafter.new_cache(rows, max_len, batch) if tree.size else None
+        self.max_len = target.prefix_length + images + tree.size
+        self.target_cache = target.new_cache(rows, self.max_len, batch)
         self.generators = [torch.Generator(device=device) for _ in range(batch)]  # one random stream per image
         self.timer = Timer(events=device.type == "cuda")
         self.tokens = torch.zeros(batch, images + window, dtype=torch.long, device=device)  # images, then scratch
@@ -86,19 +86,16 @@ class Workspace:
         # the drafted trees: tokens, validity, draft distributions
         self.node_tokens = torch.zeros(batch, nodes, dtype=torch.long, device=device)
         self.node_valid = torch.ones(batch, nodes, dtype=torch.bool, device=device)
+        self.node_origin = torch.zeros(batch, nodes, dtype=torch.long, device=device)  # sources.DRAFT_ORIGINS codes
         # one per inner node, in the acceptance dtype (drafting's float32 rows are converted as they are stored)
         self.q = torch.zeros(batch, len(tree.inner_nodes), target.vocab_size, dtype=self.dtype, device=device)
-        # random numbers, drawn per image before they are needed: each level's exponential races (float32, as
-        # the draft distributions), the walk's uniforms, the first token's uniform
-        self.races = [torch.zeros(batch, len(level["distinct"]), target.vocab_size, device=device)
-                      for level in tree.level_draws]
+        # random numbers, drawn per image before they are needed: the walk's uniforms, the first token's uniform
+        # (then the draft source's, see draw_randoms)
         self.walk_uniforms = torch.zeros(batch, tree.size + 2, dtype=self.dtype, device=device)
         self.first_uniforms = torch.zeros(batch, 1, dtype=self.dtype, device=device)
-        # the (input, feature) pairs the drafter has not seen: the last round's kept nodes and emitted tokens
-        self.pending_count = torch.zeros(batch, dtype=torch.long, device=device)
-        self.pending_tokens = torch.zeros(batch, window, dtype=torch.long, device=device)
-        self.pending_features: Tensor | None = None  # (rows, window, dim), made by the first prefill
-        self.node_features: Tensor | None = None  # (rows, nodes, dim): the drafter's predicted feature per node
+        self.window_mask = causal(window, device)
+        self.window_range = torch.arange(window, device=device)
+        self.source = SOURCES[tree.source](self, drafter) if tree.size else DraftSource(self)
         self.hidden = self.logits = None  # the last verification forward's features and logits
         widths = record_widths(nodes, len(tree.inner_nodes), tree.depth)
         self.records = torch.zeros(batch, images, sum(widths.values()), dtype=torch.float64, device=device)
@@ -111,33 +108,25 @@ class Workspace:
                 self.row[:, bounds[name]].fill_(value)
         shape = (batch, images, window, target.vocab_size)
         self.captured = (torch.zeros(shape, device=device), torch.zeros(shape, device=device)) if capture else None
-        self.window_mask = causal(window, device)
-        self.window_range = torch.arange(window, device=device)
 
     def reset(self, seeds: Sequence[int]) -> None:
         """New images: empty caches, each image's generator seeded, counters at zero (buffers kept, in place)."""
-        for cache in (self.target_cache, self.drafter_cache):
-            if cache is not None:
-                cache.reset()
+        self.target_cache.reset()
+        self.source.reset()
         for generator, seed in zip(self.generators, seeds, strict=True):
             generator.manual_seed(seed)
         self.n.zero_()
         self.rounds.zero_()
 
-    def feature_buffers(self, like: Tensor) -> None:
-        """The feature buffers, made once from a first hidden state (rows, T, dim) of the target's dtype."""
-        if self.pending_features is None:
-            self.pending_features = like.new_zeros(self.rows, self.tree.depth + 1, like.shape[-1])
-            self.node_features = like.new_zeros(self.rows, self.tree.size + 1, like.shape[-1])
-
     def draw_randoms(self, uniforms: Tensor) -> None:
-        """From each image's own generator: ``uniforms`` (this round's, or the first token's), then the next
-        round's exponential races for every draft level, however deep that round drafts. So an image consumes
-        its stream in the same order alone or in any batch (spec section 9)."""
+        """From each image's own generator: ``uniforms`` (this round's, or the first token's), then every random
+        buffer of the draft source (the drafter's next races for every level, however deep that round drafts; a
+        Jacobi window's refresh draws). So an image consumes its stream in the same order alone or in any batch
+        (spec section 9)."""
         for image, generator in enumerate(self.generators):
             uniforms[image].uniform_(generator=generator)
-            for races in self.races:
-                races[image].exponential_(generator=generator)
+            for buffer, law in self.source.randoms:
+                getattr(buffer[image], f"{law}_")(generator=generator)
 
     def allowed(self, offsets: Tensor) -> Tensor | None:
         """(B, T, V): what generated positions ``n + offsets`` allow, for a constrained model; else None."""
@@ -159,9 +148,8 @@ class Workspace:
 
 
 def prefill(ws: Workspace, conditions: Sequence[Any]) -> None:
-    """Score each condition's P prefix positions and draw each image's first token from the last one. The
-    drafter sees the prefix pairs but the last: slot s pairs the target's feature at s with the next input (the
-    prefix's embedding at s + 1); slot P - 1 pairs with the first token and is the first round's catch-up."""
+    """Score each condition's P prefix positions, draw each image's first token from the last one, and start the
+    draft source (the drafter sees the prefix; a Jacobi window is drafted fresh)."""
     target, device = ws.target, ws.device
     with ws.timer.phase("target_forward"):
         prefixes = [target.prefix(condition, ws.guidance_rows) for condition in conditions]
@@ -177,60 +165,15 @@ def prefill(ws: Workspace, conditions: Sequence[Any]) -> None:
         first = sample(distributions(first_probs.to(ws.dtype)), ws.first_uniforms[:, 0])
         ws.tokens[:, 0] = first
         ws.n.fill_(1)
-    if ws.drafter_cache is None:
-        return
     with ws.timer.phase("drafting"):
-        if length > 1:
-            lead = ws.drafter.lead_inputs(embeds)
-            ws.drafter(lead, hidden[:, :-1], torch.arange(length - 1, device=device), ws.drafter_cache, 0,
-                       causal(length - 1, device))
-            ws.drafter_cache.commit(None, length - 1)
-        ws.feature_buffers(hidden)
-        ws.pending_features[:, :1] = hidden[:, -1:]
-        ws.pending_tokens[:, 0] = first
-        ws.pending_count.fill_(1)
+        ws.source.start(ws, embeds, hidden)
 
 
 def draft_phase(ws: Workspace, levels: int | None = None) -> None:
-    """Catch the drafter up on the pending (input, target feature) pairs (a fixed window, the first
-    ``pending_count`` real), then draft the tree depth by depth from its own predicted features: per node the
-    token, its validity and (at inner nodes) the draft distribution its children are drawn from. ``levels``
-    (default: every one) stops early where every image surely ends sooner; the deeper nodes are then invalid."""
+    """The draft source fills the tree. ``levels`` (default: every one) stops early where every image surely
+    ends sooner; the deeper nodes are then invalid."""
     with ws.timer.phase("drafting"):
-        draft_tree(ws, ws.tree.depth if levels is None else levels)
-
-
-def draft_tree(ws: Workspace, levels: int) -> None:
-    drafter, target, tree, index = ws.drafter, ws.target, ws.tree, ws.index
-    cache, count = ws.drafter_cache, ws.pending_count
-    root_position = ws.n + (target.prefix_length - 1)  # the root: the last emitted token, not yet in any cache
-    inputs = ws.per_row(drafter.embed(ws.pending_tokens))
-    positions = (root_position[:, None] - count[:, None] + ws.window_range).clamp_max(ws.last_position)
-    out = drafter(inputs, ws.pending_features, ws.row_positions(positions), cache, 0, ws.window_mask)
-    cache.commit(None, count)
-
-    features = ws.node_features
-    last_pair = ws.per_row((count - 1).clamp_min(0))  # a finished image has none: any row will do
-    features[:, :1] = out.gather(1, last_pair[:, None, None].expand(-1, 1, out.shape[-1]))
-    level_positions = (root_position[:, None] + ws.window_range[:levels]).clamp_max(ws.last_position)  # depth d
-    level_allowed = ws.allowed(ws.window_range[:levels])  # depth d's tokens: generated position n + d - 1
-    tokens, valid = ws.node_tokens, ws.node_valid
-    for depth, level in enumerate(index["levels"][:levels], start=1):
-        nodes = tree.levels[depth]
-        allowed = level_allowed[:, depth - 1:depth] if level_allowed is not None else None
-        q_level = ws.guided(target.logits(features[:, level["distinct"]]), allowed)  # (B, parents, V)
-        ws.q[:, level["distinct_inner"]] = q_level
-        drawn, drawn_valid = draw_without_replacement(q_level, level["width"], ws.races[depth - 1])
-        tokens[:, nodes.start:nodes.stop] = drawn.flatten(1)[:, level["drawn"]]
-        valid[:, nodes.start:nodes.stop] = drawn_valid.flatten(1)[:, level["drawn"]] & valid[:, level["parents"]]
-        if depth < levels:
-            embeds = ws.per_row(drafter.embed(tokens[:, nodes.start:nodes.stop]))
-            positions = ws.row_positions(level_positions[:, depth - 1:depth].expand(-1, len(nodes)))
-            mask = None if level["sees_all"] else index["mask"][nodes.start:nodes.stop, 1:nodes.stop]
-            features[:, nodes.start:nodes.stop] = drafter(embeds, features[:, level["parents"]], positions, cache,
-                                                          nodes.start - 1, mask)
-    if levels < tree.depth:
-        valid[:, tree.levels[levels + 1].start:] = False
+        ws.source.draft(ws, ws.tree.depth if levels is None else levels)
 
 
 def verify_phase(ws: Workspace) -> None:
@@ -254,7 +197,8 @@ def score(ws: Workspace) -> None:
 
 def accept(ws: Workspace) -> None:
     """Walk each image's scored tree with the rule, then commit: the kept path's keys in the target cache, the
-    emitted tokens, the next catch-up's pairs, and the round's record. A finished image commits nothing."""
+    emitted tokens and the round's record; then the draft source observes the outcome (the drafter's next
+    catch-up pairs, a Jacobi window's refresh). A finished image commits nothing."""
     tree, index, images = ws.tree, ws.index, ws.target.image_tokens
     with ws.timer.phase("acceptance"):
         ws.draw_randoms(ws.walk_uniforms)
@@ -272,19 +216,10 @@ def accept(ws: Workspace) -> None:
             for buffer, dist, at in zip(ws.captured, (p, q), kept_rows):
                 buffer.index_put_((ws.image_range, ws.rounds), gather_rows(dist, at).float())
         ws.tokens.scatter_(1, ws.n[:, None] + ws.window_range, verdict.emitted)
-        if ws.drafter_cache is not None:
-            hidden = ws.hidden
-            ws.pending_features.copy_(hidden[:, :tree.depth + 1] if tree.is_chain else
-                                      gather_rows(hidden, ws.per_row(verdict.keep)))
-            ws.pending_tokens.copy_(verdict.emitted)
-            ws.pending_count.copy_(count)
         ws.n.add_(count)
         ws.rounds.add_(active)
-
-
-def gather_rows(values: Tensor, index: Tensor) -> Tensor:
-    """``values[b, index[b, j]]`` for (B, N, F) values and (B, J) indices -> (B, J, F)."""
-    return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+    with ws.timer.phase("drafting"):
+        ws.source.observe(ws, verdict, p, count)
 
 
 def record_view(row: Tensor, start: int, fields: int, width: int) -> Tensor:
@@ -299,7 +234,7 @@ def record(ws: Workspace, verdict: Verdict, valid: Tensor, count: Tensor) -> Non
     step writes its start and token (its other fields are constants, set once). A finished image's row lands
     past its last round, where nothing reads it."""
     if ws.tree.size:
-        groups = (torch.stack([ws.n, count, verdict.origin], 1), verdict.emitted, ws.node_tokens,
+        groups = (torch.stack([ws.n, count, verdict.origin], 1), verdict.emitted, ws.node_tokens, ws.node_origin,
                   torch.stack([valid, verdict.accepted, verdict.tested, verdict.on_path], 1),
                   torch.stack([verdict.accept_prob, verdict.cost], 1), verdict.level_prob)
         for view, value in zip(ws.groups, groups):
@@ -326,10 +261,10 @@ def run_rounds(ws: Workspace, runner: PhaseRunner) -> list[int]:
     while emitted < images:
         for at_least in range(emitted, emitted + rounds_needed(images - emitted, depth)):
             levels = min(depth, images - at_least - 1)
-            if levels > 0:
+            if levels > 0 and ws.source.drafting_phase:
                 runner.run(ws, f"drafting:{levels}", functools.partial(draft_phase, levels=levels))
             runner.run(ws, "verification", verify_phase)
-            levels_run.append(max(levels, 0))
+            levels_run.append(max(levels, 0) if ws.source.drafting_phase else 0)
         emitted = int(ws.n.min())
     return levels_run
 
@@ -383,7 +318,7 @@ def batch_memory(target: Target, drafter: Drafter | None, tree: DraftTree, sampl
     nodes, window = tree.size + 1, tree.depth + 1
     wide = acceptance_dtype(target.device).itemsize
     caches = cache_bytes_per_slot(target) * rows * slots
-    if tree.size and drafter is not None:
+    if tree.size and tree.needs_drafter and drafter is not None:
         caches += cache_bytes_per_slot(drafter) * rows * slots
     per_image = (sampling.rows * nodes * vocab * 4  # logits
                  + nodes * vocab * (wide * 3 + 4)  # p, its residuals, q
@@ -425,8 +360,8 @@ def decode_batch(target: Target, drafter: Drafter | None, conditions: Sequence[A
     vanilla AR: one token per target forward. ``runner`` runs the round's phases (eagerly, or as CUDA graphs).
     Every image's statistics carry the batch's timings."""
     tree = tree if rule.drafts else EMPTY
-    if tree.size and drafter is None:
-        raise ValueError("this model has no drafter: only method 'ar' is available")
+    if tree.size and tree.needs_drafter and drafter is None:
+        raise ValueError("this model has no drafter: only method 'ar' or a Jacobi draft (e.g. jacobi:16) is available")
     batch = check_batch(conditions, seeds)
     if batch > 1:  # before anything else: a batch far too large is refused at once
         check_batch_memory(target, drafter, tree, sampling, batch, capture)

@@ -247,19 +247,80 @@ class Lantern(AcceptanceRule):
         return normalise((p - cleared).clamp_min(0), p)
 
 
+def close_pairs(embeddings: Tensor, threshold: float, chunk: int = 2048) -> Tensor:
+    """(V, V) bool: whether two tokens' input embeddings lie within squared L2 distance ``threshold`` (GSD's
+    filter; a token is close to itself), computed in chunks on the embeddings' device. V * V bytes."""
+    table = embeddings.float()
+    rows = [torch.cdist(table[start:start + chunk], table).square() < threshold
+            for start in range(0, len(table), chunk)]
+    return torch.cat(rows)
+
+
+class Grouped(AcceptanceRule):
+    """GSD's grouped acceptance (spec section 11): ``f(y) = min(1, p(G(y)) / q(G(y)))``, ``G(y)`` the tokens whose
+    rank in the target's order of ``p`` is within ``[c - ranks, c + ranks)`` of ``y``'s rank ``c`` (``2 ranks``
+    candidates with ``y``, as the published slice), kept where ``|p(g) - p(y)| < gap`` and their input embeddings
+    are within squared distance ``distance`` of ``y``'s. The accepted token is ``y`` itself. ``residual="gsd"`` is
+    the published token-level ``Norm([p - q]_+)``; ``"gstar"`` is ``G*`` of this ``f`` (section 3). Ranks come from
+    a stable ascending sort of ``p``: equal probabilities (the filtered-out zeros) are ordered by token id."""
+
+    name = "gsd"
+
+    def __init__(self, embeddings: Tensor, ranks: int = 7, gap: float = 0.15, distance: float = 0.5,
+                 residual: str = "gsd") -> None:
+        self.ranks = number("ranks", ranks, 1, integer=True)
+        self.gap, self.distance = float(number("gap", gap, above=0)), float(number("dist", distance, above=0))
+        GSD_RESIDUAL.check(residual)
+        self.residual_kind, self.embeddings = residual, embeddings
+        self.tables: dict[torch.device, Tensor] = {}
+
+    relaxes = True  # the group's mass may exceed the token's: a step can cost e > 0
+
+    def params(self) -> dict:
+        return {"ranks": self.ranks, "gap": self.gap, "dist": self.distance, "residual": self.residual_kind}
+
+    def close(self, device: torch.device) -> Tensor:
+        """The flattened (V * V,) closeness table on ``device``, computed there once."""
+        if device not in self.tables:
+            self.tables[device] = close_pairs(self.embeddings.to(device), self.distance).flatten()
+        return self.tables[device]
+
+    def accepted_mass(self, p: Tensor, q: Tensor, depth: "Tensor | int") -> Tensor:
+        vocab = p.shape[-1]
+        order = torch.sort(p, dim=-1, stable=True).indices  # ascending: rank c holds token order[c]
+        every = torch.arange(vocab, device=p.device)
+        rank = torch.empty_like(order).scatter_(-1, order, every.expand_as(order))
+        offsets = torch.arange(-self.ranks, self.ranks, device=p.device)
+        at = rank[..., None] + offsets  # (..., V, 2 ranks): the ranks of each token's window
+        inside = (at >= 0) & (at < vocab)
+        members = order.gather(-1, at.clamp(0, vocab - 1).flatten(-2)).view(at.shape)
+        p_members = p.gather(-1, members.flatten(-2)).view(at.shape)
+        q_members = q.gather(-1, members.flatten(-2)).view(at.shape)
+        near = self.close(p.device).index_select(0, (every[:, None] * vocab + members).flatten()).view(at.shape)
+        group = inside & near & ((p_members - p[..., None]).abs() < self.gap)
+        group_p, group_q = (p_members * group).sum(-1), (q_members * group).sum(-1)
+        return q * (group_p / group_q.clamp_min(torch.finfo(q.dtype).tiny)).clamp_max(1)
+
+    def residual(self, p: Tensor, q: Tensor, rejected: "Tensor | int", depth: "Tensor | int",
+                 accepted: Tensor | None = None) -> Tensor:
+        if self.residual_kind == "gsd":  # the published token-level residual
+            return normalise((p - q).clamp_min(0), p)
+        return super().residual(p, q, rejected, depth, accepted)
+
+
 # The registry ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RuleSpec:
-    """A method as users name it: ``build(params, depth, neighbours)`` makes its rule from checked parameters
+    """A method as users name it: ``build(params, depth, model)`` makes its rule from checked parameters
     (all of them: :func:`build_rule` fills those not given from the schema's defaults), for a draft of ``depth``
-    positions; ``neighbours(count)`` is the model's code-neighbour table (LANTERN++). ``params`` is the parameter
+    positions; ``model`` gives the model's tables a rule may need (:class:`ModelTables`). ``params`` is the parameter
     schema (names, ranges, defaults, labels, help); ``swept`` the one whose value varies along a family's line in
     the plots (its strength); ``variants`` the app's entries with some parameters fixed (label -> fixed values);
     ``drafts`` False for a method that drafts nothing (AR)."""
 
     name: str
     label: str
-    build: Callable[[dict, int, Callable | None], AcceptanceRule]
+    build: Callable[[dict, int, "ModelTables"], AcceptanceRule]
     params: tuple[Param | Choice, ...] = ()
     swept: tuple[str, ...] = ()
     variants: dict[str, dict] = field(default_factory=dict)
@@ -319,18 +380,42 @@ def check_params(name: str, params: dict | None) -> dict:
     return {key: spec.param(key).check(value) for key, value in (params or {}).items()}
 
 
-def build_rule(method: str, params: dict | None, depth: int, neighbours: Callable | None = None) -> AcceptanceRule:
+@dataclass(frozen=True)
+class ModelTables:
+    """What a rule may need from the model: ``neighbours(count)``, each code's nearest codes (LANTERN++), and
+    ``embeddings()``, the target's input embedding table (V, dim) (GSD); None where the model lacks one."""
+
+    neighbours: Callable[[int], np.ndarray] | None = None
+    embeddings: Callable[[], Tensor] | None = None
+
+
+def model_tables(model: object) -> ModelTables:
+    """A bundle (anything with ``neighbours`` and ``embeddings`` methods), a bare neighbour function, or None."""
+    if model is None or isinstance(model, ModelTables):
+        return model or ModelTables()
+    if not hasattr(model, "neighbours"):
+        return ModelTables(neighbours=model)
+    return ModelTables(model.neighbours, getattr(model, "embeddings", None))
+
+
+def build_rule(method: str, params: dict | None, depth: int, model: object = None) -> AcceptanceRule:
     """Method name + parameters -> acceptance rule, built once per request (see :class:`RuleSpec`); a parameter
-    not given takes its schema's default."""
+    not given takes its schema's default. ``model``: a bundle (or a neighbour function, or :class:`ModelTables`)."""
     spec = rule_spec(method)
-    return spec.build({**spec.defaults(), **check_params(method, params)}, depth, neighbours)
+    return spec.build({**spec.defaults(), **check_params(method, params)}, depth, model_tables(model))
 
 
-def lantern(params: dict, depth: int, neighbours: Callable | None) -> Lantern:
-    if neighbours is None:
+def lantern(params: dict, depth: int, model: ModelTables) -> Lantern:
+    if model.neighbours is None:
         raise ValueError("method 'lantern' needs the tokenizer's codebook, which this model lacks")
     k = params["k"]
-    return Lantern(neighbours(k + 1), k=k, lam=params["lambda"], residual=params["residual"])
+    return Lantern(model.neighbours(k + 1), k=k, lam=params["lambda"], residual=params["residual"])
+
+
+def grouped(params: dict, depth: int, model: ModelTables) -> Grouped:
+    if model.embeddings is None:
+        raise ValueError("method 'gsd' needs the target's input embeddings, which this model does not expose")
+    return Grouped(model.embeddings(), params["ranks"], params["gap"], params["dist"], params["residual"])
 
 
 DELTA = Param("delta", 0.05, 5.0, 2.0, 0.05, "δ (delta): total relaxation",
@@ -353,6 +438,16 @@ register(RuleSpec("lantern", "LANTERN++", lantern, (
     RESIDUAL), swept=("k", "lambda"),
     variants={"LANTERN++": {"residual": "lantern"}, "LANTERN++ with G*": {"residual": "gstar"}},
     help="p~ adds the mass of up to k nearest codes"))
+GSD_RESIDUAL = Choice("residual", ("gsd", "gstar"), "gsd", "residual after a rejection",
+                      help="gsd: the published token-level Norm([p - q]+); gstar: the optimal G* of the grouped f")
+register(RuleSpec("gsd", "GSD", grouped, (
+    Param("ranks", 1, 64, 7, 1, "GSD ranks (half-width)", integer=True,
+          help="the group: tokens within this many ranks of the draft in the target's order"),
+    Param("gap", 0.01, 1.0, 0.15, 0.01, "GSD probability gap", help="group members differ from p(y) by less"),
+    Param("dist", 0.01, 10.0, 0.5, 0.01, "GSD embedding distance", help="squared L2 between input embeddings below"),
+    GSD_RESIDUAL), swept=("gap",),
+    variants={"GSD": {"residual": "gsd"}, "GSD with G*": {"residual": "gstar"}},
+    help="accepts y with the mass of its group of similar tokens: min(1, p(G)/q(G))"))
 register(RuleSpec("eagle", "Eagle-1 (lossless)", lambda params, depth, _: Eagle(), help="min(1, p/q): exact"))
 register(RuleSpec("ar", "AR (no drafting)", lambda params, depth, _: AR(), help="one token per target forward",
                   drafts=False))

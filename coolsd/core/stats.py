@@ -11,6 +11,9 @@ from typing import Callable
 import numpy as np
 import torch
 
+# Where a drafted token came from (coolsd.core.sources' codes, in order): the draft model, a fresh uniform draw, a
+# draw from the target's last rows (a Jacobi refresh), or the old draft kept by the coupling.
+DRAFT_ORIGINS = ("drafter", "fresh", "refreshed", "kept")
 # Where an image token came from.
 FIRST, DRAFT, RESAMPLED, BONUS, TARGET = "first", "draft", "resampled", "bonus", "target"
 ORIGINS = (RESAMPLED, BONUS, TARGET)  # a round's last token, by the walk's origin code (coolsd.core.verify)
@@ -39,6 +42,7 @@ class Round:
     level_accept_prob: dict[int, float]  # depth -> P(some candidate accepted | depth reached)
     emitted: list[int]
     next_origin: str
+    sources: list[str] = field(default_factory=list)  # where each drafted token came from (DRAFT_ORIGINS)
 
     @property
     def accepted(self) -> int:
@@ -47,14 +51,15 @@ class Round:
     def to_dict(self) -> dict:
         return {"start": self.start, "drafted": self.drafted, "valid": self.valid,
                 "tested": [vars(c) for c in self.tested], "emitted": self.emitted, "next_origin": self.next_origin,
+                "sources": self.sources,
                 "level_accept_prob": {str(k): v for k, v in self.level_accept_prob.items()}}
 
 
 # A round's record: what the device keeps of it until the image is done, one float64 row per round (token ids are
 # exact in float64). The fields, with their lengths for N tree nodes (root included), I inner nodes and depth D.
-RECORD_FIELDS = ("start", "count", "origin", "emitted", "drafted", "valid", "accepted", "tested", "on_path",
+RECORD_FIELDS = ("start", "count", "origin", "emitted", "drafted", "source", "valid", "accepted", "tested", "on_path",
                  "accept_prob", "cost", "level_prob")
-RECORD_GROUPS = (("start", "count", "origin"), ("emitted",), ("drafted",), ("valid", "accepted", "tested", "on_path"),
+RECORD_GROUPS = (("start", "count", "origin"), ("emitted",), ("drafted",), ("source",), ("valid", "accepted", "tested", "on_path"),
                  ("accept_prob", "cost"), ("level_prob",))  # fields of one shape, written together
 
 
@@ -94,7 +99,8 @@ def add_rounds(stats: "GenerationStats", rows: np.ndarray, tree, captured: tuple
             stats.emit(DRAFT, depths[node], float(f["accept_prob"][node]))
         stats.emit(origin)
         stats.rounds.append(Round(int(f["start"][0]), [int(t) for t in f["drafted"][1:]],
-                                  [bool(v > 0) for v in f["valid"][1:]], tested, level_prob, emitted, origin))
+                                  [bool(v > 0) for v in f["valid"][1:]], tested, level_prob, emitted, origin,
+                                  [DRAFT_ORIGINS[int(c)] for c in f["source"][1:]]))
         if captured is not None:
             stats.captured += [{"depth": depths[n] + 1, "p": captured[0][r, depths[n]], "q": captured[1][r, depths[n]]}
                                for n in kept if n in tried]

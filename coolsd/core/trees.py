@@ -23,10 +23,16 @@ Path = tuple[int, ...]
 
 @dataclass(frozen=True)
 class DraftTree:
+    """A static tree drafted by a draft model (the Eagle-1 head): ``source`` names the draft source that fills it
+    (:mod:`coolsd.core.sources`)."""
+
     paths: tuple[Path, ...]
     name: str = "tree"
     _truncated: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _tensors: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    source = "drafter"  # class attributes, not fields: what kind of draft this is
+    needs_drafter = True
 
     def __post_init__(self) -> None:
         paths = tuple(sorted({tuple(int(i) for i in p) for p in self.paths}, key=lambda p: (len(p), p)))
@@ -194,7 +200,65 @@ def run_or_tensor(values: list[int], device: torch.device) -> "slice | torch.Ten
 
 def chain(length: int) -> DraftTree:
     length = number("chain length", length, 1, integer=True)
-    return DraftTree(tuple((0,) * d for d in range(1, length + 1)), f"chain:{length}")
+    return DraftTree(chain_paths(length), f"chain:{length}")
+
+
+def chain_paths(length: int) -> tuple[Path, ...]:
+    return tuple((0,) * d for d in range(1, length + 1))
+
+
+# Jacobi windows (spec section 11): how drafts past the commit point are refreshed from the round's own target rows,
+# and the law of a fresh draft (a position never drafted from the target).
+REFRESHES = ("independent", "coupled", "gumbel")
+FRESH_LAWS = ("point", "uniform")
+DEFAULT_FRESH = "uniform"
+
+
+@dataclass(frozen=True)
+class JacobiWindow(DraftTree):
+    """A window of ``L`` drafts for the next ``L`` positions that the target makes for itself (spec section 11): a
+    chain to the walk, filled by :class:`coolsd.core.jacobi.JacobiSource` instead of a draft model. ``refresh``:
+    ``independent`` (SJD), ``coupled`` (maximal coupling, SCD's exact form) or ``gumbel`` (Gumbel coupling by
+    absolute position); ``fresh``: a fresh draft's stored ``q``, ``point`` (SJD) or ``uniform`` (SJD-PAC)."""
+
+    refresh: str = "independent"
+    fresh: str = DEFAULT_FRESH
+
+    source = "jacobi"
+    needs_drafter = False
+
+
+def jacobi(length: int, refresh: str = "independent", fresh: str = DEFAULT_FRESH) -> JacobiWindow:
+    """The Jacobi window ``jacobi:L[:refresh][:fresh]`` (defaults left out of the name)."""
+    length = number("Jacobi window", length, 1, integer=True)
+    name = ":".join([f"jacobi:{length}"] + [part for part, default in ((refresh, "independent"),
+                                                                         (fresh, DEFAULT_FRESH)) if part != default])
+    return JacobiWindow(chain_paths(length), name, refresh, fresh)
+
+
+def parse_jacobi(spec: str, arg: str, max_depth: int | None) -> JacobiWindow:
+    """``jacobi:L``, then at most one refresh (:data:`REFRESHES`) and one fresh-draft law (:data:`FRESH_LAWS`)."""
+    length_text, *options = arg.split(":")
+    try:
+        length = int(length_text)
+    except ValueError:
+        length = 0
+    if length < 1:
+        raise ValueError(f"draft: a Jacobi window must be a whole number of drafts from 1 to {MAX_DRAFT_DEPTH}, "
+                         f"got {shorten(length_text)} in {shorten(spec)}")
+    chosen = {"refresh": "independent", "fresh": DEFAULT_FRESH}
+    given: set[str] = set()
+    for option in options:
+        kind = "refresh" if option in REFRESHES else "fresh" if option in FRESH_LAWS else None
+        if kind is None:
+            raise ValueError(f"draft: unknown Jacobi option {shorten(option)} in {shorten(spec)}; a refresh is one "
+                             f"of {', '.join(REFRESHES)} and a fresh-draft law one of {', '.join(FRESH_LAWS)}")
+        if kind in given:
+            raise ValueError(f"draft: {shorten(spec)} names the {kind} twice")
+        given.add(kind)
+        chosen[kind] = option
+    check_depth(length, f"jacobi:{length}", max_depth)
+    return jacobi(length, chosen["refresh"], chosen["fresh"])
 
 
 def rank_budget_tree(budgets: tuple[int, ...]) -> tuple[Path, ...]:
@@ -228,14 +292,16 @@ def check_depth(depth: int, spec: str, max_depth: int | None) -> None:
     """Refuse a draft deeper than ``max_depth`` (the model's :func:`usable_depth`) or than MAX_DRAFT_DEPTH."""
     if max_depth is not None and depth > max_depth and max_depth <= MAX_DRAFT_DEPTH:
         raise ValueError(f"draft {spec} is deeper than this model can use: its images leave room for at most "
-                         f"{max_depth} drafted positions per round (e.g. chain:{max_depth})")
+                         f"{max_depth} drafted positions per round (e.g. "
+                         f"{'jacobi' if spec.startswith('jacobi') else 'chain'}:{max_depth})")
     if depth > MAX_DRAFT_DEPTH:
         raise ValueError(f"draft {spec} is too deep: at most {MAX_DRAFT_DEPTH} drafted positions are supported")
 
 
 def parse_draft(spec: "str | DraftTree", max_depth: int | None = None) -> DraftTree:
-    """``chain:L`` or ``tree:<preset>`` (presets: see ``TREES``). ``max_depth`` (a model's :func:`usable_depth`)
-    and MAX_DRAFT_DEPTH bound the depth; both are checked before the tree is built."""
+    """``chain:L``, ``tree:<preset>`` (presets: see ``TREES``) or ``jacobi:L[:refresh][:fresh]`` (a window the
+    target drafts for itself). ``max_depth`` (a model's :func:`usable_depth`) and MAX_DRAFT_DEPTH bound the depth;
+    both are checked before the tree is built."""
     if isinstance(spec, DraftTree):
         if not spec.size:
             raise ValueError("draft tree is empty: it needs at least one node")
@@ -258,4 +324,6 @@ def parse_draft(spec: "str | DraftTree", max_depth: int | None = None) -> DraftT
         tree = DraftTree(TREES[arg], f"tree:{arg}")
         check_depth(tree.depth, tree.name, max_depth)
         return tree
-    raise ValueError(f"draft must look like 'chain:5' or 'tree:eagle25', got {shorten(spec)}")
+    if kind == "jacobi":
+        return parse_jacobi(str(spec), arg, max_depth)
+    raise ValueError(f"draft must look like 'chain:5', 'tree:eagle25' or 'jacobi:16', got {shorten(spec)}")

@@ -132,6 +132,12 @@ class Bundle:
             self._neighbours["table"] = cached
         return cached[:, :count]
 
+    @torch.inference_mode()
+    def embeddings(self) -> Tensor:
+        """The target's input embedding table (V, dim) (GSD's groups compare its rows)."""
+        target = unwrapped(self.target)
+        return target.embed(torch.arange(target.vocab_size, device=self.device)).float()
+
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Bundle":
         """Move the models (``dtype`` applies to target and drafter, e.g. bf16 on CUDA) and the decoder."""
         for module in (self.target, self.drafter):
