@@ -660,7 +660,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", action="append", choices=PRESETS, default=[],
                         help="a named sweep (repeatable, and combinable with --methods; grids in coolsd.cli.methods."
                              "SWEEPS): cool, uniform and lantern run on --draft (add --methods eagle for the "
-                             "differences from Eagle-1); paper runs Eagle-1 and all three on chain:5 and tree:eagle25")
+                             "differences from Eagle-1); paper runs Eagle-1 and all three on chain:5 and tree:eagle25; "
+                             "jacobi runs the drafter-free methods (SJD, SCD, Gumbel coupling, GSD, COOL-SD on "
+                             "coupled drafts) on jacobi:8 and jacobi:16")
     parser.add_argument("--images", default=str(IMAGES.default))
     parser.add_argument("--latency-images", default=None, metavar="M",
                         help="time images 0..M-1 only (default: every image); under torchrun rank 0 times them alone "

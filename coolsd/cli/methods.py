@@ -68,13 +68,23 @@ SWEEPS: dict[str, list[str]] = {
                 for residual in ("lantern", "gstar")],
 }
 PAPER_DRAFTS = ("chain:5", "tree:eagle25")  # the paper's comparison: every sweep and Eagle-1 on both drafts
-PRESETS = (*SWEEPS, "paper")
+# The drafter-free methods (spec section 11) as published, with their fresh drafts' point-mass q, then ours: SJD and
+# SCD with the default (uniform) fresh drafts, and COOL-SD on coupled drafts; at each window of JACOBI_WINDOWS.
+JACOBI_WINDOWS = (8, 16)
+JACOBI_METHODS = (("eagle", "jacobi:{L}:point"), ("eagle", "jacobi:{L}"), ("eagle", "jacobi:{L}:coupled:point"),
+                  ("eagle", "jacobi:{L}:coupled"), ("eagle", "jacobi:{L}:gumbel"), ("gsd", "jacobi:{L}:point"),
+                  ("cool:delta=2", "jacobi:{L}:coupled"))
+PRESETS = (*SWEEPS, "paper", "jacobi")
 
 
 def preset_methods(preset: str, draft: str) -> list[tuple[str, str]]:
     """(method spec, draft spec) pairs of a preset: a sweep runs on ``draft``; ``paper`` is Eagle-1 and every
-    sweep on each of :data:`PAPER_DRAFTS` (AR, which drafts nothing, is added once by the benchmark)."""
+    sweep on each of :data:`PAPER_DRAFTS`; ``jacobi`` the drafter-free methods (SJD, SCD, Gumbel coupling, GSD,
+    COOL-SD on coupled drafts) on each of :data:`JACOBI_WINDOWS` (AR, which drafts nothing, is added once by the
+    benchmark)."""
     if preset == "paper":
         return [(spec, paper_draft) for paper_draft in PAPER_DRAFTS
                 for spec in ["eagle", *(spec for sweep in SWEEPS.values() for spec in sweep)]]
+    if preset == "jacobi":
+        return [(spec, window.format(L=length)) for length in JACOBI_WINDOWS for spec, window in JACOBI_METHODS]
     return [(spec, draft) for spec in SWEEPS[preset]]

@@ -96,7 +96,7 @@ def add_rounds(stats: "GenerationStats", rows: np.ndarray, tree, captured: tuple
         emitted = [int(t) for t in f["emitted"][:count]]
         origin = ORIGINS[int(f["origin"][0])]
         for node in kept[1:]:
-            stats.emit(DRAFT, depths[node], float(f["accept_prob"][node]))
+            stats.emit(DRAFT, depths[node], float(f["accept_prob"][node]), DRAFT_ORIGINS[int(f["source"][node])])
         stats.emit(origin)
         stats.rounds.append(Round(int(f["start"][0]), [int(t) for t in f["drafted"][1:]],
                                   [bool(v > 0) for v in f["valid"][1:]], tested, level_prob, emitted, origin,
@@ -174,16 +174,18 @@ class GenerationStats:
     token_origin: list[str] = field(default_factory=list)
     token_depth: list[int] = field(default_factory=list)
     token_accept_prob: list[float] = field(default_factory=list)
+    token_source: list[str] = field(default_factory=list)  # an accepted draft's DRAFT_ORIGINS entry, else ""
     drafter_forwards: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     captured: list[dict] = field(default_factory=list)  # (depth, p, q) of first candidates, when asked
     condition: dict = field(default_factory=dict)  # {"class_id": 3}, or a caption's description
     batch: int = 1  # images decoded together in lockstep rounds; ``seconds`` are the whole batch's
 
-    def emit(self, token_origin: str, depth: int = 0, accept_prob: float = math.nan) -> None:
+    def emit(self, token_origin: str, depth: int = 0, accept_prob: float = math.nan, source: str = "") -> None:
         self.token_origin.append(token_origin)
         self.token_depth.append(depth)
         self.token_accept_prob.append(accept_prob)
+        self.token_source.append(source)
 
     # Derived summaries -------------------------------------------------------------------------------
     @property
@@ -246,7 +248,7 @@ class GenerationStats:
 
     def to_dict(self, rounds: bool = True) -> dict:
         out = self.summary()
-        out["tokens_detail"] = {"origin": self.token_origin, "depth": self.token_depth,
+        out["tokens_detail"] = {"origin": self.token_origin, "depth": self.token_depth, "source": self.token_source,
                                 "accept_prob": _nan_to_none(np.array(self.token_accept_prob))}
         if rounds:
             out["rounds"] = [r.to_dict() for r in self.rounds]
