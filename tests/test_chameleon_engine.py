@@ -148,7 +148,7 @@ def test_the_likelihood_of_an_image_is_its_constrained_law(small_target):
     assert np.isneginf(token_log_likelihoods(small_target, SMALL_PROMPT, list(excluded), SMALL_SAMPLING).sum())
 
 
-@pytest.mark.parametrize("draft", ["chain:3"])  # AR's law: the likelihood test above checks the masked p exactly
+@pytest.mark.parametrize("draft", ["chain:3", "jacobi:4:coupled"])  # AR's law: the likelihood test checks the masked p
 def test_lossless_decoding_keeps_the_constrained_law(tiny, small_target, draft):
     target, prompt, sampling = small_target, SMALL_PROMPT, SMALL_SAMPLING
     drafter = load_chameleon_drafter(tiny / "drafter", target.config)
@@ -160,7 +160,7 @@ def test_lossless_decoding_keeps_the_constrained_law(tiny, small_target, draft):
     assert chi_square_pvalue(drawn, law) > 1e-3
 
 
-@pytest.mark.parametrize("draft", ["chain:5", "tree:eagle25"])
+@pytest.mark.parametrize("draft", ["chain:5", "tree:eagle25", "jacobi:8:coupled"])
 def test_a_forced_position_is_drafted_as_its_token_and_always_accepted(bundle, draft):
     """The mask applies to the drafter's q too: at a forced position q is the same point mass as p, so the
     draft is the forced token, f = 1, and a rejection never happens there (spec section 8)."""

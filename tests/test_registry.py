@@ -32,7 +32,7 @@ class Half(AcceptanceRule):
         return self.strength * p
 
 
-def build_half(params: dict, depth: int, neighbours) -> Half:
+def build_half(params: dict, depth: int, model) -> Half:
     return Half(**params)
 
 
