@@ -268,3 +268,12 @@ def test_bad_jacobi_windows_are_one_line_errors(spec, message):
     with pytest.raises(ValueError, match=message) as error:
         parse_draft(spec, 62)
     assert "\n" not in str(error.value)
+
+
+def test_a_model_without_a_drafter_defaults_to_a_jacobi_window():
+    """Lumina-mGPT has no published drafter: its preset's draft is SCD's coupled window, which the command line
+    takes when --draft is not given; the shipped model keeps chain:5."""
+    from coolsd.cli.common import model_info
+    lumina = model_info("lumina-mgpt-7b-768", None)
+    assert parse_draft(lumina.draft, lumina.config.image_tokens - 2).needs_drafter is False
+    assert model_info(None, None).draft == "chain:5"

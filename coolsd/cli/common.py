@@ -37,6 +37,7 @@ class ModelInfo:
 
     config: ModelConfig
     class_names: list[str]
+    draft: str = "chain:5"  # the draft when --draft is not given: model.json's "draft" (a Jacobi window without a drafter)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +49,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use a randomly initialised target/drafter pair instead of a trained model")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--steps", choices=list(MODES), default=None, help=MODE_HELP)
-    parser.add_argument("--draft", default="chain:5", help="chain:L or tree:<preset> (eagle25, wide57)")
+    parser.add_argument("--draft", default=None, help="chain:L, tree:<preset> (eagle25, wide57) or a Jacobi window, "
+                        "jacobi:L[:independent|coupled|gumbel][:uniform|point], which needs no drafter (default: the "
+                        "model's, else chain:5)")
     parser.add_argument("--cfg", default=None, help=f"classifier-free guidance scale; {PARAMS['cfg_scale'].span()} "
                         "(default: the model's)")
     parser.add_argument("--temperature", default=None, help=f"{PARAMS['temperature'].span()} (default: the model's)")
@@ -69,7 +72,7 @@ def model_info(model: str | None, random_init: str | None) -> ModelInfo:
     if described is not None:
         spec = read_spec(described)
         config = registry_config(spec, described.parent)
-        return ModelInfo(config, class_names(spec, config))
+        return ModelInfo(config, class_names(spec, config), str(spec.get("draft", ModelInfo.draft)))
     path = Path(model) if model else DEFAULT_MODEL
     if not (path / "config.json").is_file():
         raise ValueError(f"no model bundle at {path} (expected config.json and *.safetensors)")
@@ -141,6 +144,7 @@ def check_model_args(args: argparse.Namespace) -> argparse.Namespace:
     args.threads = check_threads(args.threads)
     args.seed = check("seed", args.seed)
     args.info = model_info(args.model, args.random_init)
+    args.draft = args.draft or args.info.draft
     args.tree = parse_draft(args.draft, usable_depth(args.info.config.image_tokens))
     vocab = args.info.config.vocab_size
     args.overrides = {name: check(name, getattr(args, option), vocab if name == "top_k" else None)
