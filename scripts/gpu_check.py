@@ -1,7 +1,9 @@
 """The prepared GPU check (run through ``scripts/gpu_check.sh OUT_DIR``): the CUDA tests, then the component profile
 at LlamaGen-XL text-to-image and LlamaGen-B class-to-image shapes with random weights (bf16, CFG, CUDA graphs),
 checked against the goals of the CUDA path, and at the first shape an AR step and a round for batches of 1 to 64
-images with the speed-ups over batched AR they imply (where batched AR overtakes). Needs no download and no gradio.
+images with the speed-ups over batched AR they imply (where batched AR overtakes), and there too a Jacobi round
+(no drafter; windows of 16 and 32) for the same batches with its cost in AR steps, the tau at which it breaks
+even with AR and the speed-ups it implies at the published tau. Needs no download and no gradio.
 Without a GPU it runs what a CPU can (the CUDA tests, which skip and say so; a tiny profile) so that CI keeps it
 working, and says that the CUDA parts were skipped. Writes ``gpu_check.json`` (and the pytest report) to OUT_DIR;
 prints Markdown.
@@ -21,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from coolsd.cli.profile import Setting, format_profile, profile, random_caption
-from coolsd.core.decode import accept, generate, score
+from coolsd.cli.profile import Setting, format_profile, profile, random_caption, timed
+from coolsd.core.decode import accept, check_batch_memory, generate, score, verify_phase
 from coolsd.core.rules import CoolSD, Eagle
 from coolsd.core.sampling import SamplingConfig
 from coolsd.core.stats import time_calls
-from coolsd.core.trees import parse_draft
+from coolsd.core.trees import DraftTree, parse_draft
 from coolsd.models.bundle import random_bundle, set_threads
 
 # (random-init shape, sampling as LlamaGen samples it (the presets in assets/models), time the other steps modes)
@@ -42,6 +44,12 @@ PAPER_TAUS = {"Eagle-1": 2.42, "COOL-SD delta=2": 3.34}
 GOALS = {"drafter_level": 0.05, "acceptance chain:5": 0.03, "round chain:5": 1.4, "round tree:wide57": 1.5}
 IMPLIED_GOALS = {"Eagle-1": 1.7, "COOL-SD delta=2": 2.3}
 IMAGE_GOAL_S = 0.4  # the paper: 3.72 s on its hardware, AR about 10.1 s
+# Jacobi windows (spec section 11), timed at the first shape for the same batch sizes: the target drafts its next L
+# positions itself, so a round is one phase (the forward over L + 1 positions, the walk, the window's refresh) and
+# one CUDA graph. Timed in SCD's exact form (Eagle-1 rule, coupled refresh); per window, the published tokens per
+# round (step compression) on Lumina-mGPT at that L: (method, tau, whether tau is only a lower bound).
+JACOBI_WINDOWS = {"jacobi:16:coupled": (("SJD", 2.22, False), ("GSD", 3.39, False)),
+                  "jacobi:32:coupled": (("SCD", 4.2, True),)}
 
 
 def run_tests(out: Path, cuda: bool) -> dict:
@@ -113,9 +121,51 @@ def first_request(bundle, sampling: SamplingConfig) -> dict:
     return out
 
 
+def jacobi_rounds(bundle, sampling: SamplingConfig, batches: tuple[int, ...], ar_steps: dict[int, float],
+                  repeats: int) -> dict:
+    """Per Jacobi window and batch size B: a whole round for B images from a saved mid-image state (one replay of
+    its one graph, timed as the profile times the other rounds), its cost in AR steps (``ar_steps``, by B: the
+    batch table's AR steps; measured here where it has none) and the speed-ups it implies at the published tau (tau * AR
+    step / round). Also the tokens the last timed round emitted per image (1 to L + 1 when the round ran). Sizes
+    that do not fit are skipped, said so; an error is kept, so that it cannot lose the rest of the report."""
+    began, rows = time.perf_counter(), []
+    try:
+        for spec, published in JACOBI_WINDOWS.items():
+            tree = parse_draft(spec)
+            for batch in batches:
+                try:
+                    check_batch_memory(bundle.target, None, tree, sampling, batch)
+                except ValueError as error:
+                    rows.append({"window": spec, "batch": batch, "skipped": str(error)})
+                    continue
+                if batch not in ar_steps:
+                    ar = Setting(bundle, sampling, DraftTree(()), batch=batch)
+                    ar_steps[batch] = timed(ar.step("verification", verify_phase), repeats, 3, bundle.device)[
+                        "median_s"]
+                    del ar
+                setting = Setting(bundle, sampling, tree, rule=Eagle(), batch=batch)
+                start = setting.ws.n.clone()  # every timed round starts from it
+                round_s = timed(setting.round, repeats, 3, bundle.device)["median_s"]
+                emitted = (setting.ws.n - start).tolist()
+                del setting
+                ar_s = ar_steps[batch]
+                rows.append({"window": spec, "window_length": tree.depth, "batch": batch, "ar_step_s": ar_s,
+                             "round_s": round_s, "round_over_ar_step": round_s / ar_s,
+                             "break_even_tau": round_s / ar_s, "emitted_last_round": emitted,
+                             "implied": [{"method": method, "tau": tau, "lower_bound": bound,
+                                          "speedup": tau * ar_s / round_s} for method, tau, bound in published]})
+        error = None
+    except Exception as failure:  # noqa: BLE001 (reported in the summary; the other sections stay)
+        error = f"{type(failure).__name__}: {failure}"
+    if bundle.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"rule": "eagle", "rows": rows, "error": error, "seconds": time.perf_counter() - began}
+
+
 def run_profiles(cuda: bool) -> list[dict]:
-    """One profile per shape, each with its own wall time."""
-    results = []
+    """One profile per shape, each with its own wall time; then, with the first shape's bundle (kept until then, so
+    that nothing the Jacobi rounds might break on a device can cost the other sections), its Jacobi rounds."""
+    results, first = [], None
     for index, (shape, sampling, compare) in enumerate(CUDA_SHAPES if cuda else CPU_SHAPES):
         began = time.perf_counter()
         bundle = random_bundle(shape, device="cuda" if cuda else "cpu")
@@ -132,9 +182,13 @@ def run_profiles(cuda: bool) -> list[dict]:
         if cuda:
             result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         results.append(result)
+        first = first or (bundle, sampling, batches)
         del bundle
         if cuda:
             torch.cuda.empty_cache()
+    bundle, sampling, batches = first
+    ar_steps = {row["batch"]: row["ar_step_s"] for row in results[0]["batches"] if "skipped" not in row}
+    results[0]["jacobi"] = jacobi_rounds(bundle, sampling, batches, ar_steps, repeats=20 if cuda else 5)
     return results
 
 
@@ -166,6 +220,43 @@ def summary(report: dict) -> str:
                       f"{', '.join(f'{t:.2f}' for t in first['eager'])}; graphs captured in the request "
                       f"{', '.join(f'{t:.2f}' for t in first['graphs'])}; capture pays: "
                       f"{'yes' if first['capture pays within one request'] else 'no'}", ""]
+    for result in report["profiles"]:
+        if "jacobi" in result:
+            lines += [format_jacobi(result["jacobi"], result["shape"]), ""]
+    return "\n".join(lines)
+
+
+def format_jacobi(jacobi: dict, shape: str) -> str:
+    """The Jacobi table: per window, B and published tau, the AR step and the round (ms), the round in AR steps
+    (the tau that breaks even with AR) and the speed-up implied at that tau; then what the taus are."""
+    lines = [f"### Jacobi rounds at {shape} (SCD's form: Eagle-1 rule, coupled refresh; no drafter; "
+             f"{jacobi['seconds']:.0f} s)", "",
+             "A Jacobi round is one phase (on a GPU, one CUDA graph): the target's forward over [last token, "
+             "d_1..d_L], the walk, the window's refresh. Implied speed-up over AR = tau * AR step / round at the "
+             "tokens per round (step compression) published on Lumina-mGPT (random weights here, so no tau of "
+             "ours); break-even tau = round / AR step.", "",
+             "| window | B | AR step ms | round ms | round / AR step = break-even tau | published tau | "
+             "implied speed-up |", "|---|---|---|---|---|---|---|"]
+    timed_rows = [row for row in jacobi["rows"] if "skipped" not in row]
+    for row in timed_rows:
+        for at in row["implied"]:
+            bound = ">= " if at["lower_bound"] else ""
+            lines.append(f"| {row['window']} | {row['batch']} | {1000 * row['ar_step_s']:.3f} | "
+                         f"{1000 * row['round_s']:.3f} | {row['break_even_tau']:.2f} | {at['method']} {bound}"
+                         f"{at['tau']} | {bound}{at['speedup']:.2f}x |")
+    lines += ["", "* tau: SJD 2.22 and GSD 3.39 at L = 16 are the step compressions the SJD-PAC README reproduces on "
+              "Lumina-mGPT (COCO); SCD 4.2 at L = 32 is its paper's latency speed-up on Lumina-mGPT, a lower bound "
+              "on its step compression (where a round costs at least an AR step), so its implied speed-up is a "
+              "lower bound too (>=).",
+              "* Only SCD's round was timed: the SJD (independent refresh) and GSD (grouped rule) rows assume its "
+              "cost."]
+    lines += [f"* {row['window']} B={row['batch']} skipped: {row['skipped']}" for row in jacobi["rows"]
+              if "skipped" in row]
+    if timed_rows:
+        ran = all(1 <= count <= row["window_length"] + 1 for row in timed_rows for count in row["emitted_last_round"])
+        lines.append(f"* every timed round emitted 1 to L + 1 tokens per image: {'yes' if ran else 'NO'}")
+    if jacobi["error"]:
+        lines.append(f"* **the Jacobi timing stopped with an error**: {jacobi['error']}")
     return "\n".join(lines)
 
 

@@ -89,7 +89,8 @@ def matmul_seconds(step: Callable[[], object], repeats: int) -> dict:
 class Setting:
     """A workspace in the state a round starts from mid-image: half the image emitted, the caches filled that
     far (the keys' values do not change the cost of attending to them), three pairs pending for the drafter (a
-    chain:5 round keeps about two drafts and the target's token), and a drafted tree. Every timed call of a
+    chain:5 round keeps about two drafts and the target's token), and a drafted tree (a Jacobi window, which has
+    no drafter: a window drafted afresh, and a round that is its verification alone). Every timed call of a
     phase starts from this saved state, through the bundle's phase runner (on CUDA: replays of its graphs)."""
 
     def __init__(self, bundle: Bundle, sampling: SamplingConfig, tree: DraftTree, rule=None, seed: int = 0,
@@ -107,24 +108,26 @@ class Setting:
         ws.draw_randoms(ws.walk_uniforms)  # the races drafting reads, as the last verification leaves them
         committed = target.prefix_length + start - 1  # every emitted token but the last (the next root)
         ws.target_cache.commit(None, committed)
-        if tree.size:
+        source = ws.source
+        if source.drafting_phase:  # a drafter: its cache that far, the pairs pending
             pending = min(3, tree.depth + 1)
-            ws.drafter_cache.commit(None, committed - pending)
-            ws.feature_buffers(torch.zeros(sampling.rows, 1, bundle.config.dim, device=device,
-                                           dtype=next(bundle.drafter.parameters()).dtype))
-            ws.pending_tokens[:, :pending] = ws.tokens[:, start - pending:start]
-            ws.pending_count.fill_(pending)
+            source.cache.commit(None, committed - pending)
+            source.feature_buffers(ws, torch.zeros(sampling.rows, 1, bundle.config.dim, device=device,
+                                                   dtype=next(bundle.drafter.parameters()).dtype))
+            source.pending_tokens[:, :pending] = ws.tokens[:, start - pending:start]
+            source.pending_count.fill_(pending)
+        elif tree.size:  # a Jacobi window (no drafting phase): drafted afresh, its random numbers drawn above
+            source.start(ws, None, None)
         self.ws = ws
         self.saved = self.save()
-        if tree.size:
+        if source.drafting_phase:
             self.run("drafting", draft_phase)  # a drafted tree to verify
             self.saved = self.save()
 
     def save(self) -> dict:
-        ws = self.ws
-        tensors = [ws.n, ws.rounds, ws.pending_count, ws.pending_tokens, ws.node_tokens, ws.node_valid, ws.q,
-                   *([ws.pending_features] if ws.pending_features is not None else [])]
-        caches = [cache for cache in (ws.target_cache, ws.drafter_cache) if cache is not None]
+        ws, source = self.ws, self.ws.source
+        tensors = [ws.n, ws.rounds, ws.node_tokens, ws.node_valid, ws.node_origin, ws.q, *source.state()]
+        caches = [ws.target_cache, *source.caches()]
         return {"tensors": [(t, t.clone()) for t in tensors],
                 "caches": [(c, c.length, c.start.clone() if hasattr(c, "start") else None) for c in caches]}
 
@@ -146,10 +149,11 @@ class Setting:
         return lambda: self.run(name, phase)
 
     def round(self) -> None:
-        """One whole round from the saved state: drafting, then verification."""
+        """One whole round from the saved state: drafting (for a source that has that phase), then verification."""
         with torch.inference_mode():
             self.restore()
-            self.runner.run(self.ws, "drafting", draft_phase)
+            if self.ws.source.drafting_phase:
+                self.runner.run(self.ws, "drafting", draft_phase)
             self.runner.run(self.ws, "verification", verify_phase)
 
 

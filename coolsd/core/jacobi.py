@@ -55,6 +55,9 @@ class JacobiSource(DraftSource):
             self.randoms.append((self.races, "exponential"))
         self.everything = torch.ones(1, 1, vocab, dtype=dtype, device=device)  # allowed mass of a free position
 
+    def state(self) -> list[Tensor]:
+        return [self.noise] if self.refresh == "gumbel" else []
+
     def start(self, ws: "Workspace", embeds: Tensor, hidden: Tensor) -> None:
         """The first window: every position fresh (its random numbers were drawn with the first token's)."""
         tokens, q = self.fresh_drafts(ws)

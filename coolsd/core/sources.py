@@ -39,6 +39,14 @@ class DraftSource:
     def reset(self) -> None:
         """New images (buffers kept)."""
 
+    def state(self) -> list[Tensor]:
+        """The buffers a round reads and rewrites, besides the workspace's (to save and restore a round)."""
+        return []
+
+    def caches(self) -> list:
+        """The source's own KV caches."""
+        return []
+
     def start(self, ws: "Workspace", embeds: Tensor, hidden: Tensor) -> None:
         """After the prefill: ``embeds`` its prefix inputs and ``hidden`` its features (rows, P, dim); the first
         token is ``ws.tokens[:, 0]`` and ``ws.n`` is 1."""
@@ -74,6 +82,13 @@ class DrafterSource(DraftSource):
 
     def reset(self) -> None:
         self.cache.reset()
+
+    def state(self) -> list[Tensor]:
+        features = [self.pending_features] if self.pending_features is not None else []
+        return [self.pending_count, self.pending_tokens, *features]
+
+    def caches(self) -> list:
+        return [self.cache]
 
     def feature_buffers(self, ws: "Workspace", like: Tensor) -> None:
         """The feature buffers, made once from a first hidden state (rows, T, dim) of the target's dtype."""
