@@ -104,12 +104,13 @@ def model_defaults(bundle: Bundle) -> dict[str, Any]:
 
 def defaults(bundle: Bundle | None = None) -> dict[str, Any]:
     """Every control's starting (and Reset) value by value name (``session.value_names``), read from the rule
-    registry now; class and sampling from ``bundle`` (default: the default model's)."""
+    registry now; class, sampling and draft from ``bundle`` (default: the default model's)."""
     values: dict[str, Any] = {"method": DEFAULT_METHOD}
     for control in session.method_controls():
         values.update(control_defaults(control))
-    return {**values, "draft": "chain:5", "seed": 0, **model_defaults(bundle or BUNDLE), "model": models.DEFAULT,
-            "prompt": EXAMPLE_PROMPTS[0]}
+    bundle = bundle or BUNDLE
+    return {**values, "draft": session.default_draft(bundle), "seed": 0, **model_defaults(bundle),
+            "model": models.DEFAULT, "prompt": EXAMPLE_PROMPTS[0]}
 
 
 DEFAULTS = defaults()
@@ -122,6 +123,8 @@ one forward pass and keeps a prefix. *Lossless* Eagle-1 accepts a draft `y` with
 `min(1, p(y)/q(y))`, so the image has exactly the target's distribution. *Relaxed* methods accept more
 (faster) at a measured distortion: **COOL-SD** multiplies the ratio by `omega_i = delta * exp(-nu*i - mu)`,
 relaxing early draft positions more than late ones, and resamples rejections from the optimal residual `G*`.
+A **Jacobi window** (`jacobi:16`, ...) needs no draft model: the target drafts its own next tokens from its
+last forward (Eagle-1 on it is SJD; on `jacobi:16:coupled`, SCD), and every method runs on it.
 Pick a method, move the sliders, and compare with the lossless image on the right.
 """
 METHOD_NOTES = """
@@ -133,6 +136,8 @@ METHOD_NOTES = """
 | COOL-SD | `min(1, omega_i * p(y)/q(y))`, `omega_i = delta * exp(-nu*i - mu)` | `G*` |
 | LANTERN++ | `min(1, p~(y)/q(y))`, `p~(y) = p(y) + ` mass of up to `k` nearest codes, `p~ <= lambda * p` | heuristic: clear `q` near `y`, then `Norm([p - q]_+)` |
 | LANTERN++ with G* | the same | `G*` |
+| GSD | `min(1, p(G)/q(G))`, `G`: tokens within `ranks` ranks of `y` in `p`'s order, `p` within `gap` of `p(y)`, embeddings within `dist` | `Norm([p - q]_+)` |
+| GSD with G* | the same | `G*` |
 
 *mean accepted length* `tau` = image tokens / target forward passes (AR: 1). *Relaxation cost* sums, over
 the tested drafts, the total-variation distance that step adds (`e = sum [q f - p]_+`); it is 0 for lossless
@@ -322,7 +327,7 @@ def on_method(method):
     """Show only the controls that apply to ``method``: one switch per box of ``method_boxes``, then the draft
     structure."""
     return [gr.update(visible=method in labels) for labels, _ in method_boxes()] + \
-        [gr.update(visible=method in drafting_labels())]
+        [gr.update(visible=method in drafting_labels())]  # the draft selector and its note
 
 
 def on_word(ticked):
@@ -384,14 +389,17 @@ def api_generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, m
                  lam: float = 5.0, draft: str = "chain:5", class_name: str = DEFAULTS["class_name"], seed: int = 0,
                  cfg_scale: float = DEFAULTS["cfg_scale"], temperature: float = DEFAULTS["temperature"],
                  top_k: int = DEFAULTS["top_k"], top_p: float = DEFAULTS["top_p"], schedule: str = "exp",
-                 timing_repeats: int = 0, model: str = "", prompt: str = "") -> GenerateResult:
+                 timing_repeats: int = 0, model: str = "", prompt: str = "", ranks: int = 7, gap: float = 0.15,
+                 dist: float = 0.5) -> GenerateResult:
     """Generate with one method and with lossless Eagle-1: both images (PNG base64 and pixels), tokens and
     statistics. ``mu`` is "auto" or a number. ``timing_repeats`` > 0 also times AR, Eagle-1 and the method
     that many times each, interleaved. ``model``: one of the app's model choices (empty: the default model);
     a text model takes ``prompt`` instead of ``class_name``; with another model, a class or sampling value left
-    at its default stands for that model's default. Parameter ranges: see docs/app.md."""
+    at its default stands for that model's default, and so does the draft ``chain:5`` on a model without a draft
+    model. ``ranks``, ``gap``, ``dist``: GSD's (last, so that older clients keep their positions). Parameter
+    ranges: see docs/app.md."""
     request = api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k,
-                          top_p, schedule, model, prompt)
+                          top_p, schedule, model, prompt, ranks, gap, dist)
     repeats = checked(lambda: check("timing_repeats", timing_repeats))
     result = checked(lambda: run_comparison(request, None))
     if repeats:
@@ -404,23 +412,26 @@ def api_generate_batch(method: str = "COOL-SD", delta: float = 2.0, nu: float = 
                        seeds: list[int] = [0, 1, 2, 3], cfg_scale: float = DEFAULTS["cfg_scale"],  # noqa: B006
                        temperature: float = DEFAULTS["temperature"], top_k: int = DEFAULTS["top_k"],
                        top_p: float = DEFAULTS["top_p"], schedule: str = "exp", model: str = "",
-                       prompt: str = "") -> dict:
+                       prompt: str = "", ranks: int = 7, gap: float = 0.15, dist: float = 0.5) -> dict:
     """As ``/generate``, for a list of 1 to 16 seeds decoded as one batch per method (each image gets the
     tokens it gets alone, spec section 9): per seed both images, tokens and statistics, and each batch's seconds.
     No timing repeats (``/generate`` measures them)."""
     checked_seeds = checked(lambda: session.check_seeds(seeds))
     request = api_request(method, delta, nu, mu, k, lam, draft, class_name, checked_seeds[0], cfg_scale, temperature,
-                          top_k, top_p, schedule, model, prompt)
+                          top_k, top_p, schedule, model, prompt, ranks, gap, dist)
     return views.api_batch_payload(checked(lambda: run_batch(request, checked_seeds)))
 
 
 def api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k, top_p,
-                schedule, model, prompt) -> session.Request:
+                schedule, model, prompt, ranks=7, gap=0.15, dist=0.5) -> session.Request:
     """An API call's values validated into a request (readable errors, as the UI's)."""
-    params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule}
+    params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule, "ranks": ranks,
+              "gap": gap, "dist": dist}
     bundle = checked(lambda: MODELS.get(model))
     key = MODELS.key(model)
     checked(lambda: refuse_unused(bundle, method, params, class_name, prompt))
+    if draft == API_DRAFT and not session.suits(bundle, draft):  # the documented default, on a model it does not fit
+        draft = session.default_draft(bundle)
     given = {"class_name": class_name, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
              "top_p": top_p}
     if bundle is not BUNDLE:  # the documented defaults are the default model's: untouched ones follow the model
@@ -446,7 +457,10 @@ def refuse_unused(bundle: Bundle, method, params: dict, class_name, prompt) -> N
                          f"prompt, not class_name (got {shorten(class_name)})")
 
 
-OPTIONAL_TRAILING = {"generate": ["", ""]}  # /generate's model and prompt, added later: clients may leave them out
+API_DRAFT = "chain:5"  # the API's documented default draft (a model without a draft model takes its own instead)
+GSD_DEFAULTS = [schema(name).default for name in ("ranks", "gap", "dist")]
+# values added to the API later, last: clients may leave them out (/generate's model and prompt, then GSD's)
+OPTIONAL_TRAILING = {"generate": ["", "", *GSD_DEFAULTS], "generate_batch": GSD_DEFAULTS}
 
 
 class Explorer(gr.Blocks):
@@ -559,8 +573,9 @@ def settings_panel(start: dict) -> tuple[dict, list[gr.Column]]:
         named["reset"] = gr.Button("Reset", size="sm")
     controls, boxes = method_panel(start)
     named.update(controls)
-    named["draft"] = gr.Dropdown(session.DRAFTS, value=start["draft"], label="Draft structure",
-                                 visible=start["method"] in drafting_labels())
+    with gr.Column(visible=start["method"] in drafting_labels(), elem_id="draft-box") as named["draft_box"]:
+        named["draft"] = gr.Dropdown(session.DRAFTS, value=start["draft"], label="Draft structure")
+        named["draft_note"] = gr.Markdown(views.draft_note(start["draft"]), elem_id="draft-note")
     text = session.text_model(BUNDLE)
     named["class_name"] = gr.Dropdown(BUNDLE.class_names, value=start["class_name"], label="Class",
                                       visible=not text, elem_id="class-name")
@@ -664,13 +679,14 @@ def on_metric(result, metric, families, model="", narrow=False):
     return tradeoff_outputs(bundle, result, metric, families, narrow)
 
 
-MODEL_OUTPUTS = ("model", "class_name", "prompt_box", "top_k", "cfg_scale", "temperature", "top_p", "metric",
+MODEL_OUTPUTS = ("model", "class_name", "prompt_box", "top_k", "cfg_scale", "temperature", "top_p", "draft", "metric",
                  "families", "tradeoff_plot", "tradeoff_note", "model_state")
 
 
-def on_model(choice, previous, narrow=False, progress=None):
+def on_model(choice, previous, narrow=False, draft=None, progress=None):
     """The model selector: load the chosen model (first use only), then show its class dropdown or prompt box,
-    its top-k range, its sampling defaults and its trade-off figure (``MODEL_OUTPUTS``). A model that cannot be
+    its top-k range, its sampling defaults, a draft it can run (``draft`` kept where it can: a model without a
+    draft model gets a Jacobi window) and its trade-off figure (``MODEL_OUTPUTS``). A model that cannot be
     loaded is a notice, and the selection goes back to ``previous``."""
     try:
         bundle = MODELS.get(choice, progress)
@@ -680,15 +696,16 @@ def on_model(choice, previous, narrow=False, progress=None):
         return (gr.update(value=previous), *[gr.skip()] * (len(MODEL_OUTPUTS) - 2), previous)
     start, text = model_defaults(bundle), session.text_model(bundle)
     metric, (choices, shown) = views.default_metric(bundle), views.tradeoff_families(bundle)
+    suited = session.suited_draft(bundle, draft) if draft is not None else draft
     return (gr.skip(), gr.update(choices=bundle.class_names, value=start["class_name"], visible=not text),
             gr.update(visible=text), gr.update(maximum=bundle.config.vocab_size, value=start["top_k"]),
-            start["cfg_scale"], start["temperature"], start["top_p"], metric,
+            start["cfg_scale"], start["temperature"], start["top_p"], gr.skip() if suited == draft else suited, metric,
             gr.update(choices=list(choices.items()), value=shown),
             *tradeoff_outputs(bundle, None, metric, shown, narrow), MODELS.key(choice))
 
 
 def on_reset(model):
-    """Reset: every control's starting value, with the chosen model's class and sampling (not the model, nor
+    """Reset: every control's starting value, with the chosen model's class, sampling and draft (not the model, nor
     the prompt)."""
     start = defaults(MODELS.peek(model) or BUNDLE)
     return [start[name] for name in session.value_names() if name not in session.CONDITION]
@@ -780,7 +797,7 @@ def wire_generation(demo: gr.Blocks, ui: dict) -> None:
           [ui["tradeoff_plot"], ui["tradeoff_note"]], **PRIVATE)
     # .select: a dropdown's .input fires twice per choice. Loads have their own queue: a slow or failing download
     # never holds a generation's place (Models.get loads one model at a time anyway).
-    ui["model"].select(with_progress(on_model), [ui["model"], ui["model_state"], ui["narrow"]],
+    ui["model"].select(with_progress(on_model), [ui["model"], ui["model_state"], ui["narrow"], ui["draft"]],
                        [ui[name] for name in MODEL_OUTPUTS], concurrency_id="load", concurrency_limit=4, **PRIVATE)
     ui["examples"].input(lambda example: (example or gr.skip(), None), ui["examples"],
                          [ui["prompt"], ui["examples"]], **PRIVATE)
@@ -789,7 +806,8 @@ def wire_generation(demo: gr.Blocks, ui: dict) -> None:
 def wire_controls(demo: gr.Blocks, ui: dict, boxes: list[gr.Column], start: dict) -> None:
     """The controls among themselves: visibility per method, word checkboxes, the omega line, seed dice,
     presets and Reset."""
-    ui["method"].change(on_method, ui["method"], [*boxes, ui["draft"]], **PRIVATE)
+    ui["method"].change(on_method, ui["method"], [*boxes, ui["draft_box"]], **PRIVATE)
+    ui["draft"].change(views.draft_note, ui["draft"], ui["draft_note"], show_progress="hidden", **PRIVATE)
     for control in session.method_controls():
         for name in control.words:
             if name == "mu_auto":  # unticking starts the slider at the value auto stood for

@@ -2,6 +2,7 @@
 
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 
 import gradio as gr
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 from helpers import DESKTOP_MAP_PANEL, DESKTOP_PANEL, PHONE_PANEL, small_texts
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from PIL import Image
 
 import app
@@ -163,22 +165,24 @@ def test_theory_follows_the_sliders(generated):
 
 def test_controls_shown_per_method():
     def visible(method):
-        return [u["visible"] for u in app.on_method(method)]  # delta, COOL-SD box, LANTERN++ box, draft
+        return [u["visible"] for u in app.on_method(method)]  # delta, COOL-SD box, LANTERN++ box, GSD box, draft
 
-    assert visible("COOL-SD") == [True, True, False, True]
-    assert visible("UniformRSD") == [True, False, False, True]
-    assert visible("LANTERN++") == visible("LANTERN++ with G*") == [False, False, True, True]
-    assert visible("Eagle-1 (lossless)") == [False, False, False, True]
-    assert visible("AR (no drafting)") == [False, False, False, False]
+    assert visible("COOL-SD") == [True, True, False, False, True]
+    assert visible("UniformRSD") == [True, False, False, False, True]
+    assert visible("LANTERN++") == visible("LANTERN++ with G*") == [False, False, True, False, True]
+    assert visible("GSD") == visible("GSD with G*") == [False, False, False, True, True]
+    assert visible("Eagle-1 (lossless)") == [False, False, False, False, True]
+    assert visible("AR (no drafting)") == [False, False, False, False, False]
 
 
 def test_controls_come_from_the_registry():
     """One control per parameter name, in registry order; a parameter every entry of its method fixes (LANTERN++'s
     residual) has none; each control is shown exactly for the entries that take it."""
     controls_by_name = {control.name: control for control in session.method_controls()}
-    assert list(controls_by_name) == ["delta", "nu", "mu", "schedule", "k", "lambda"]
+    assert list(controls_by_name) == ["delta", "nu", "mu", "schedule", "k", "lambda", "ranks", "gap", "dist"]
     assert controls_by_name["delta"].labels == {"COOL-SD", "UniformRSD"}
     assert controls_by_name["k"].labels == {"LANTERN++", "LANTERN++ with G*"}
+    assert all(controls_by_name[name].labels == {"GSD", "GSD with G*"} for name in ("ranks", "gap", "dist"))
     assert session.value_names()[:6] == ["method", "delta", "nu", "mu_auto", "mu", "schedule"]
     assert session.method_entries()["LANTERN++"] == ("lantern", {"residual": "lantern"})
     ui = app.demo.named
@@ -209,7 +213,7 @@ def test_parse_request_checks_only_what_the_method_takes():
         session.parse_request(app.BUNDLE, "COOL-SD", {"delta": 10}, *common)
     with pytest.raises(ValueError, match="method parameters must be a mapping"):
         session.parse_request(app.BUNDLE, "COOL-SD", [2.0], *common)
-    with pytest.raises(ValueError, match="expected 17 control values"):
+    with pytest.raises(ValueError, match="expected 20 control values"):
         session.parse_controls(app.BUNDLE, controls()[:3])
 
 
@@ -338,15 +342,22 @@ def test_odd_api_values_are_readable_errors_logged_in_one_line(overrides, needle
     assert len(rejected) == 1 and "\n" not in rejected[0] and len(rejected[0]) < 400
 
 
+def taker(name: str) -> str:
+    """A method entry that takes parameter ``name`` (COOL-SD for the sampling settings and the seed)."""
+    return next((label for control in session.method_controls() if control.name == name
+                 for label in sorted(control.labels)), "COOL-SD")
+
+
 def test_ui_and_api_ranges_are_the_one_definition():
     """Every slider's range is coolsd.params's; the API refuses just outside it and accepts its ends."""
     ui = app.demo.named
-    sliders = {name: ui[name] for name in ("delta", "nu", "mu", "k", "lambda", "cfg_scale", "temperature", "top_p")}
+    sliders = {name: ui[name] for name in ("delta", "nu", "mu", "k", "lambda", "ranks", "gap", "dist", "cfg_scale",
+                                           "temperature", "top_p")}
     names = {"lambda": "lam", "cfg_scale": "cfg"}
     for name, component in sliders.items():
         param = app.schema(name)
         assert (component.minimum, component.maximum, component.step) == (param.low, param.high, param.step)
-        method = "LANTERN++" if name in ("k", "lambda") else "COOL-SD"
+        method = taker(name)
         extra = {"mu_auto": False} if name == "mu" else {}
         for value in (param.low, param.high):
             session.parse_controls(app.BUNDLE, controls(method=method, **{names.get(name, name): value}, **extra))
@@ -633,7 +644,7 @@ def test_a_typed_value_out_of_range_is_one_named_warning_and_the_box_shows_what_
         assert message.startswith(f"{name} must be between {written(param.low)} and {written(high)}, got ")
         assert message.endswith(f"(set to {written(end)})") and "Traceback" not in message
         if name != "toy_seed":  # what the box now shows is what Generate runs
-            method = "LANTERN++" if name in ("k", "lambda") else "COOL-SD"
+            method = taker(name)
             extra = {"mu_auto": False} if name == "mu" else {}
             request = session.parse_controls(app.BUNDLE, controls(method=method, **{name: value}, **extra))
             ran = request.seed if name == "seed" else getattr(request.sampling, name, None)
@@ -765,3 +776,149 @@ def test_a_tour_step_sets_its_controls_to_a_setting_that_generates(index):
     assert set_values == step.values
     request = session.parse_controls(app.BUNDLE, controls(**{"schedule": "linear", "nu": 2.0, **set_values}))
     assert request.label == step.values["method"] and request.draft == step.values["draft"]
+
+
+# Jacobi windows: the target drafts for itself -------------------------------------------------------------
+JACOBI = "jacobi:16:coupled"
+
+
+def test_the_draft_selector_offers_jacobi_windows_and_says_what_the_chosen_draft_is():
+    """The selector lists Jacobi windows after the draft model's chains and trees; the line under it follows the
+    choice: who drafts, how many, what the refresh does and what Eagle-1 on it is known as."""
+    ui = app.demo.named
+    offered = [value for _, value in ui["draft"].choices]
+    assert {"jacobi:8", "jacobi:16", JACOBI, "jacobi:16:gumbel", "jacobi:32:coupled"} <= set(offered)
+    assert offered.index("chain:5") < offered.index("jacobi:8") and offered == session.DRAFTS
+    assert all(parse_draft(draft).depth <= 62 for draft in offered)  # the shipped model's 64 tokens leave 62
+    coupled, independent, gumbel = (views.draft_note(d) for d in (JACOBI, "jacobi:16", "jacobi:16:gumbel"))
+    assert "Jacobi window" in coupled and "next 16 tokens" in coupled and "maximal coupling" in coupled
+    assert "Eagle-1 here is SCD." in coupled and "Eagle-1 here is SJD." in independent and "Gumbel" in gumbel
+    assert "draft model proposes 5 tokens in a row" in views.draft_note("chain:5")
+    assert "25 tokens, 5 deep" in views.draft_note("tree:eagle25")
+    assert "⚠️" in views.draft_note("jacobi:huge") and "\n" not in views.draft_note(["x"])
+    assert ui["draft_note"].value == views.draft_note(app.DEFAULTS["draft"])
+    follows = [d for d in app.demo.config["dependencies"] if d["api_name"] == "draft_note"]
+    assert follows and follows[0]["outputs"] == [ui["draft_note"]._id]
+    assert [tuple(target) for target in follows[0]["targets"]] == [(ui["draft"]._id, "change")]
+    assert app.on_method("AR (no drafting)")[-1]["visible"] is False  # the selector and its note hide together
+
+
+@pytest.fixture(scope="module")
+def jacobi_runs():
+    """Every method on a coupled Jacobi window of the shipped model (the Eagle-1 run beside them: SCD)."""
+    return {method: app.on_generate(*controls(method=method, draft=JACOBI), progress=no_progress)
+            for method in session.method_entries()}
+
+
+def test_every_method_runs_on_a_jacobi_window(jacobi_runs):
+    for method, (image, eagle, table, caption, _, result) in jacobi_runs.items():
+        stats = result.method.stats
+        assert stats.tokens == app.BUNDLE.config.image_tokens and stats.drafter_forwards == 0, method
+        assert eagle["label"] == f"Eagle-1 (lossless, {JACOBI})" and JACOBI in caption
+        assert result.eagle.stats.draft == JACOBI and result.eagle.stats.drafter_forwards == 0
+        if method.startswith("AR"):
+            continue
+        assert image["label"].startswith(method.split(" (")[0]) and JACOBI in image["label"] and stats.draft == JACOBI
+        sources = {source for past in stats.rounds for source in past.sources}
+        assert sources <= {"fresh", "refreshed", "kept"} and "fresh" in sources, method
+    assert jacobi_runs["COOL-SD"][5].method.stats.params["delta"] == 2.0
+
+
+def replay_marks(fig) -> dict[str, np.ndarray]:
+    """The source marks of a replay's image panel, by source."""
+    image_ax = fig.axes[0]
+    return {c.get_label(): c.get_offsets() for c in image_ax.collections if c.get_label() in plots.SOURCE_STYLE}
+
+
+def test_the_replay_and_the_acceptance_map_of_a_jacobi_run_show_where_its_drafts_came_from(jacobi_runs):
+    result = jacobi_runs["COOL-SD"][5]
+    stats, grid = result.method.stats, app.BUNDLE.config
+    figures = app.on_figures(result, "fid")
+    legend = [t.get_text() for fig in (figures[2], figures[4]) for lg in fig.findobj(Legend) for t in lg.get_texts()]
+    used = {source for past in stats.rounds for source in past.sources}
+    for source in used:  # the replay's legend: every source of the run; the map's: those of its accepted drafts
+        assert legend.count(plots.SOURCE_STYLE[source][2]) == 1 + (source in stats.token_source)
+    for index in (1, len(stats.rounds) // 2, len(stats.rounds) - 1):
+        marks = replay_marks(app.on_replay(result, index))
+        current = stats.rounds[index]
+        expected = Counter(source for node, source in enumerate(current.sources)
+                           if current.start + node < grid.image_tokens)
+        assert {source: len(at) for source, at in marks.items()} == dict(expected), index
+    cells = {c.get_label(): len(c.get_offsets()) for c in figures[2].axes[0].collections
+             if c.get_label() in plots.SOURCE_STYLE}
+    assert cells == dict(Counter(source for source in stats.token_source if source))
+    eagle_chain = generated_eagle_map()
+    assert not [c for c in eagle_chain.axes[0].collections if c.get_label() in plots.SOURCE_STYLE]
+
+
+def generated_eagle_map():
+    """The acceptance map of a drafter run (Eagle-1 on chain:5): no source marks."""
+    result = app.on_generate(*controls(method="Eagle-1 (lossless)"), progress=no_progress)[5]
+    return app.on_figures(result, "fid")[2]
+
+
+@pytest.mark.parametrize("draft", [JACOBI, "jacobi:32:coupled"])
+def test_a_deep_jacobi_window_keeps_its_figures_readable(draft, jacobi_runs):
+    """16 and 32 draft positions, yet no tick labels overlap (16 ran together on a phone) and no text is small,
+    on a phone and a desktop."""
+    result = jacobi_runs["COOL-SD"][5] if draft == JACOBI else \
+        app.on_generate(*controls(draft=draft), progress=no_progress)[5]
+    for narrow in (False, True):
+        shown = dict(views.figures(app.BUNDLE, result, narrow=narrow))
+        shown["replay"] = views.replay_figure(app.BUNDLE, result, 2, narrow=narrow)
+        shown["theory"] = views.theory_panel(result, result.request, "toy", 0, app.BUNDLE, narrow=narrow)[0]
+        for name, fig in shown.items():
+            panel = PHONE_PANEL if narrow else DESKTOP_MAP_PANEL if name.startswith("map") else DESKTOP_PANEL
+            assert not small_texts(fig, panel), (name, narrow)
+            fig.canvas.draw()
+            for ax in fig.axes:
+                boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+                assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), (name, narrow, ax.get_title())
+
+
+# GSD: grouped acceptance --------------------------------------------------------------------------------------
+def test_gsd_runs_from_the_controls_and_the_api():
+    for label, residual in (("GSD", "gsd"), ("GSD with G*", "gstar")):
+        result = app.on_generate(*controls(method=label, ranks=3, gap=0.3, dist=1.0), progress=no_progress)[5]
+        assert result.request.param_dict == {"ranks": 3, "gap": 0.3, "dist": 1.0, "residual": residual}
+        assert result.method.stats.method == "gsd" and result.method.stats.tokens == app.BUNDLE.config.image_tokens
+    answer = app.api_generate(method="GSD", ranks=3, gap=0.3, dist=1.0, seed=2)
+    assert answer["method"]["stats"]["params"] == {"ranks": 3, "gap": 0.3, "dist": 1.0, "residual": "gsd"}
+    assert app.api_generate_batch(method="GSD with G*", ranks=5, seeds=[2])["images"][0]["method"]["stats"][
+        "params"]["ranks"] == 5
+    with pytest.raises(gr.Error, match="ranks is not a parameter of COOL-SD"):
+        app.api_generate(method="COOL-SD", ranks=3)
+    with pytest.raises(gr.Error, match="gap must be between 0.01 and 1"):
+        app.api_generate(method="GSD", gap=2.0)
+
+
+@pytest.mark.parametrize("endpoint, counts", [("generate", (15, 17, 20)), ("generate_batch", (16, 19))])
+def test_older_api_clients_keep_their_positions(endpoint, counts):
+    """GSD's values come last: a client that sends the values of an older contract gets the defaults for the
+    rest; one more value than the newest contract takes is refused in one line."""
+    fn = next(fn for fn in app.demo.fns.values() if fn.api_name == endpoint)
+    parameters = app.demo.get_api_info()["named_endpoints"][f"/{endpoint}"]["parameters"]
+    assert [parameter["parameter_name"] for parameter in parameters][-3:] == ["ranks", "gap", "dist"]
+    for count in counts[:-1]:
+        values = [None] * count
+        app.demo.validate_inputs(fn, values)
+        assert len(values) == len(fn.inputs) == counts[-1] and values[-3:] == [7, 0.15, 0.5]
+    with pytest.raises(gr.Error, match=f"/{endpoint} takes {counts[0]} to {counts[-1]} values, got {counts[-1] + 1}"):
+        app.demo.validate_inputs(fn, [None] * (counts[-1] + 1))
+
+
+def test_theory_of_gsd_on_toy_pairs_uses_the_toy_tokens_embeddings(generated):
+    """GSD needs embeddings: the toy pairs' own (from the toy seed), the same numbers as the rule built on them
+    by hand, and more acceptance than Eagle-1 on the same pairs; on captured pairs, the shipped model's."""
+    from coolsd.core.rules import Grouped
+    from coolsd.core.theory import chain_theory, toy_chain
+
+    figure, text = app.on_theory(None, *controls(method="GSD", gap=0.5, dist=2.0), "toy distributions", 3, False)
+    assert isinstance(figure, Figure) and "⚠️" not in text and "GSD's embeddings" in text and "omega_i" not in text
+    p, q = toy_chain(vocab=views.TOY_VOCAB, length=5, seed=3)
+    expected = chain_theory(p, q, Grouped(views.toy_embeddings(views.TOY_VOCAB, 3), 7, 0.5, 2.0))
+    assert f"E[N] = **{expected['expected_accepted']:.3f}**" in text and expected["tv_bound"] > 0
+    eagle = app.on_theory(None, *controls(method="Eagle-1 (lossless)"), "toy distributions", 3, False)[1]
+    assert float(eagle.split("E[N] = **")[1].split("**")[0]) < expected["expected_accepted"]
+    figure, text = app.on_theory(generated[5], *controls(method="GSD with G*"), "last generation", 0, False)
+    assert isinstance(figure, Figure) and "⚠️" not in text and "captured along the last Eagle-1 run" in text

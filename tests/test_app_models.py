@@ -14,6 +14,8 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from types import SimpleNamespace
 
 import gradio as gr
 import numpy as np
@@ -24,7 +26,8 @@ from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_di
 
 import app
 from coolsd.app import models, session, views
-from coolsd.models.registry import preset_names
+from coolsd.models.bundle import random_bundle
+from coolsd.models.registry import PRESETS, preset_names, read_spec
 
 
 def no_progress(*args, **kwargs):
@@ -304,7 +307,7 @@ def test_a_generation_is_not_delayed_by_slow_model_loads(broken_dir, monkeypatch
         server = type("Server", (), {"url": f"http://127.0.0.1:{port}/"})
         fn = {d["api_name"]: d["id"] for d in demo.config["dependencies"]}
         with ThreadPoolExecutor(max_workers=2) as pool:
-            loads = [pool.submit(ui_call, server, f"loader{i}", fn["on_model"], [str(broken_dir), None, False])
+            loads = [pool.submit(ui_call, server, f"loader{i}", fn["on_model"], [str(broken_dir), None, False, None])
                      for i in range(2)]
             time.sleep(1.0)  # both loads are under way
             started = time.perf_counter()
@@ -316,3 +319,70 @@ def test_a_generation_is_not_delayed_by_slow_model_loads(broken_dir, monkeypatch
         assert answer[0]["method"]["tokens"] and waited < 5, waited
     finally:
         demo.close()
+
+
+# A model without a draft model (Lumina-mGPT ships none): Jacobi windows, and every method on them -------------
+NO_DRAFTER = "no-drafter"
+
+
+@pytest.fixture
+def no_drafter():
+    """A tiny class model (16 tokens per image) without a draft model, chosen in the selector."""
+    bundle = replace(random_bundle("tiny"), drafter=None, name=NO_DRAFTER)
+    app.MODELS.loaded[NO_DRAFTER] = bundle
+    yield bundle
+    del app.MODELS.loaded[NO_DRAFTER]
+
+
+def test_a_model_without_a_draft_model_starts_on_a_jacobi_window(no_drafter):
+    """Lumina-mGPT (48 x 48 tokens) starts on SCD's jacobi:32:coupled; a model of 16 tokens on the widest
+    coupled window its images leave room for; a model with a draft model on chain:5."""
+    lumina = read_spec(PRESETS / "lumina-mgpt-7b-768.json")
+    assert "drafter" not in lumina
+    tokens = (lumina["image_size"] // 16) ** 2
+    assert session.default_draft(SimpleNamespace(drafter=None, config=SimpleNamespace(image_tokens=tokens))) == \
+        "jacobi:32:coupled"
+    assert session.default_draft(no_drafter) == "jacobi:8:coupled" and session.default_draft(app.BUNDLE) == "chain:5"
+    assert app.defaults(no_drafter)["draft"] == "jacobi:8:coupled"
+    names = [name for name in session.value_names() if name not in session.CONDITION]
+    assert dict(zip(names, app.on_reset(NO_DRAFTER)))["draft"] == "jacobi:8:coupled"
+    chosen = dict(zip(app.MODEL_OUTPUTS, app.on_model(NO_DRAFTER, models.DEFAULT, False, "tree:eagle25",
+                                                      progress=no_progress)))
+    assert chosen["draft"] == "jacobi:8:coupled" and chosen["model_state"] == NO_DRAFTER
+    kept = dict(zip(app.MODEL_OUTPUTS, app.on_model(NO_DRAFTER, models.DEFAULT, False, "jacobi:8",
+                                                    progress=no_progress)))
+    assert kept["draft"] == gr.skip()  # a window that fits stays the user's
+    back = dict(zip(app.MODEL_OUTPUTS, app.on_model(models.DEFAULT, NO_DRAFTER, False, "jacobi:8:coupled",
+                                                    progress=no_progress)))
+    assert back["draft"] == gr.skip()  # and runs on the shipped model too
+    events = {fn.api_name: fn for fn in app.demo.fns.values()}
+    draft = app.demo.named["draft"]
+    assert draft in events["on_model"].inputs and draft in events["on_model"].outputs
+
+
+def test_every_method_runs_on_a_model_without_a_draft_model(no_drafter):
+    start = app.defaults(no_drafter)
+    for method in session.method_entries():
+        values = controls(method=method, model=NO_DRAFTER, draft=start["draft"], class_name=no_drafter.class_names[0])
+        result = app.on_generate(*values, progress=no_progress)[5]
+        assert result.method.stats.tokens == 16 and result.method.stats.drafter_forwards == 0, method
+        assert result.eagle.stats.draft == "jacobi:8:coupled"
+    answer = app.api_generate(method="COOL-SD", model=NO_DRAFTER, class_name=no_drafter.class_names[0])
+    assert answer["method"]["stats"]["draft"] == "jacobi:8:coupled"  # the API's default draft follows the model
+
+
+@pytest.mark.parametrize("method, draft, needle", [
+    ("COOL-SD", "chain:4", "draft chain:4 needs a draft model, and no-drafter has none: choose a Jacobi window"),
+    ("AR (no drafting)", "tree:eagle25", "draft tree:eagle25 needs a draft model"),  # the Eagle-1 image drafts
+    ("Eagle-1 (lossless)", "jacobi:16", "draft jacobi:16 is deeper than this model can use"),
+])
+def test_a_draft_the_model_cannot_run_is_one_readable_line(no_drafter, method, draft, needle):
+    values = controls(method=method, model=NO_DRAFTER, draft=draft, class_name=no_drafter.class_names[0])
+    for call in (lambda: app.on_check(*values), lambda: app.on_generate(*values, progress=no_progress),
+                 lambda: app.api_generate(method=method, draft=draft, model=NO_DRAFTER,
+                                          class_name=no_drafter.class_names[0])):
+        with pytest.raises(gr.Error) as error:
+            call()
+        message = error.value.message
+        assert needle in message and "\n" not in message and "Traceback" not in message
+    assert "e.g. jacobi:8:coupled" in message or "e.g. jacobi:14" in message

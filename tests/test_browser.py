@@ -204,6 +204,21 @@ def test_browser_generate_then_invalid_input(server, browser, tmp_path):
     generate_and_wait(page, timings=False)
 
 
+def test_browser_generates_on_a_jacobi_window(server, browser):
+    """COOL-SD on jacobi:16:coupled: the line under the selector says what the window is, and both images come,
+    each labelled with the window (the right one is Eagle-1 on it: SCD)."""
+    page = open_page(browser, server.url)
+    page.get_by_label("Draft structure").click()
+    page.get_by_role("option", name="jacobi:16:coupled").click()
+    expect(page.locator("#draft-note")).to_contain_text("Jacobi window, no draft model", timeout=20000)
+    expect(page.locator("#draft-note")).to_contain_text("Eagle-1 here is SCD")
+    generate_and_wait(page, timings=False)
+    expect(page.locator("#caption")).to_contain_text("Left: COOL-SD (jacobi:16:coupled)")
+    expect(page.locator("#caption")).to_contain_text("Right: Eagle-1 (lossless, jacobi:16:coupled)")
+    assert page.locator(".pixelated img").evaluate_all("els => els.every(e => e.naturalWidth > 0)")
+    assert page.locator(TOASTS).count() == 0
+
+
 def test_browser_extreme_auto_mu_then_recovers(server, browser):
     """chain:8 with nu=-1 puts auto mu at 6.38, beyond the mu slider's +-5: it used to jam Generate."""
     page = open_page(browser, server.url)
@@ -319,8 +334,9 @@ GOOD = ["COOL-SD", 2.0, 0.7, "auto", 10, 5.0, "chain:5", "Trouser", 0, 2.0, 1.0,
 
 
 @pytest.mark.parametrize("name, data, needle", [
-    ("generate", ["COOL-SD", 2.0], "/generate takes 15 to 17 values, got 2"),
-    ("generate", GOOD + ["", "", 3], "/generate takes 15 to 17 values, got 18"),
+    ("generate", ["COOL-SD", 2.0], "/generate takes 15 to 20 values, got 2"),
+    ("generate", GOOD + ["", "", 7, 0.15, 0.5, 3], "/generate takes 15 to 20 values, got 21"),
+    ("generate", GOOD + ["", "", 3], "ranks is not a parameter of COOL-SD"),
     ("generate", GOOD + [1, 2], "model must be a string"),
     ("generate", GOOD + ["no-such-model"], "model must be one of"),
     ("generate", [["COOL-SD"]] + GOOD[1:], "method must be one of"),
@@ -329,8 +345,8 @@ GOOD = ["COOL-SD", 2.0, 0.7, "auto", 10, 5.0, "chain:5", "Trouser", 0, 2.0, 1.0,
     ("generate", GOOD[:1] + [10.0] + GOOD[2:], "delta must be between 0.05 and 5"),
     ("generate", ["UniformRSD", 2.0, 9.0] + GOOD[3:], "nu is not a parameter of UniformRSD (it takes: delta)"),
     ("generate", GOOD + ["", "x" * 5_000_000], "prompt is for text-to-image models"),
-    ("on_theory", [None] * 9 + ["tree:huge"] + [None] * 11, "Value: tree:huge is not in the list of choices"),
-    ("on_theory", [None] * 3, "takes 21 values, got 3"),
+    ("on_theory", [None] * 12 + ["tree:huge"] + [None] * 11, "Value: tree:huge is not in the list of choices"),
+    ("on_theory", [None] * 3, "takes 24 values, got 3"),
 ])
 def test_malformed_api_calls_get_one_readable_error_and_one_log_line(server, name, data, needle):
     log_before = server.log.read_text().splitlines()
@@ -378,7 +394,8 @@ def test_server_memory_levels_off_over_ui_generations(server):
     def one_generation(n: int) -> None:
         session = sessions[n % len(sessions)]
         values = {"method": methods[n % 4], "delta": 2.0, "nu": 0.7, "mu_auto": True, "mu": 0.0, "schedule": "exp",
-                  "k": 10, "lambda": 5.0, "draft": drafts[n // 4 % 4], "class_name": "Trouser", "seed": n,
+                  "k": 10, "lambda": 5.0, "ranks": 7, "gap": 0.15, "dist": 0.5, "draft": drafts[n // 4 % 4],
+                  "class_name": "Trouser", "seed": n,
                   "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "model": "default", "prompt": ""}
         ui_call(server, session, fn["on_generate"], [values[name] for name in value_names()])
         ui_call(server, session, fn["on_figures"], [None, "fid", families, False])

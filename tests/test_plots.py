@@ -24,17 +24,21 @@ from coolsd.core.trees import parse_draft
 from coolsd.models.bundle import random_bundle
 
 DRAFT = "chain:3"
+JACOBI = "jacobi:8:coupled"  # on the tiny model: drafts of every source accepted, and windows past the image's end
 COOL = {"delta": 2.0, "nu": 0.7, "mu": "auto", "schedule": "exp"}
 
 
 @pytest.fixture(scope="module")
 def runs():
-    """Tiny random-model generations: the chosen method (COOL-SD or AR) and lossless Eagle-1."""
+    """Tiny random-model generations: the chosen method (COOL-SD or AR) and lossless Eagle-1, and COOL-SD on a
+    coupled Jacobi window."""
     bundle = random_bundle("tiny")
     made = {method: named(bundle, 0, method, params, DRAFT, seed=0)
             for method, params in (("cool", COOL), ("eagle", {}), ("ar", {}))}
+    made["jacobi"] = named(bundle, 0, "cool", COOL, JACOBI, seed=0)
     grid = (bundle.config.grid_height, bundle.config.grid_width)
-    return {"made": made, "grid": grid, "image": bundle.image(made["cool"].tokens)}
+    return {"made": made, "grid": grid, "image": bundle.image(made["cool"].tokens),
+            "jacobi_image": bundle.image(made["jacobi"].tokens)}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,7 @@ def shipped_study() -> dict:
 
 
 def every_figure(runs, bench_runs, study, narrow: bool) -> dict[str, Figure]:
-    cool, eagle, ar = (runs["made"][m].stats for m in ("cool", "eagle", "ar"))
+    cool, eagle, ar, jacobi = (runs["made"][m].stats for m in ("cool", "eagle", "ar", "jacobi"))
     image, grid = runs["image"], runs["grid"]
     with_eagle = [("COOL-SD", cool), ("Eagle-1", eagle)]
     ar_and_eagle = [("AR (no drafting)", ar), ("Eagle-1", eagle)]
@@ -68,6 +72,8 @@ def every_figure(runs, bench_runs, study, narrow: bool) -> dict[str, Figure]:
         "map_ar": plots.acceptance_map(image, ar, grid, "AR (no drafting)", narrow=narrow),
         "replay": plots.replay(image, cool, grid, 1, narrow=narrow),
         "replay_prefill": plots.replay(image, cool, grid, 0, narrow=narrow),
+        "map_jacobi": plots.acceptance_map(runs["jacobi_image"], jacobi, grid, "COOL-SD", narrow=narrow),
+        "replay_jacobi": plots.replay(runs["jacobi_image"], jacobi, grid, 2, narrow=narrow),
         "theory": plots.theory(THEORY_TABLE, "COOL-SD", narrow=narrow),
         "tradeoff_fid": plots.tradeoff(bench_runs, (3.57, 7.55), y_key="fid", families=ALL_PLAIN, narrow=narrow),
         "tradeoff_accuracy": plots.tradeoff(bench_runs, None, y_key="judge_accuracy", narrow=narrow),
@@ -580,3 +586,94 @@ def test_theory_draws_omega_only_when_the_rule_has_a_schedule():
                   {key: value for key, value in THEORY_TABLE.items() if key != "omega"}):
         fig = plots.theory(table, "LANTERN++")
         assert not omega_lines(fig) and len(fig.axes) == 1
+
+
+# Where a Jacobi window's drafts came from ---------------------------------------------------------------------
+SOURCE_TEXTS = [text for _, _, text in plots.SOURCE_STYLE.values()]
+
+
+def source_marks(ax) -> dict[str, np.ndarray]:
+    return {c.get_label(): c.get_offsets() for c in ax.collections if c.get_label() in plots.SOURCE_STYLE}
+
+
+def legend_texts(fig: Figure) -> list[str]:
+    return [t.get_text() for legend in legends(fig) for t in legend.get_texts()]
+
+
+def cell_centre(index: int, image: np.ndarray, grid: tuple[int, int], at: float = 0.5) -> tuple[float, float]:
+    """Where a mark sits in token ``index``'s cell: its centre, or ``at`` of the way into it from the top left."""
+    row, col = divmod(index, grid[1])
+    height, width = image.shape[0] / grid[0], image.shape[1] / grid[1]
+    return (col + at) * width - 0.5, (row + at) * height - 0.5
+
+
+def test_replay_marks_each_jacobi_draft_by_source_in_the_cell_it_drafted(runs, narrow):
+    """Every round: one mark per drafted position inside the image, at its cell (node i drafts position start +
+    i - 1), in its source's scatter; the legend names each source the run used, once, in every round."""
+    stats, grid, image = runs["made"]["jacobi"].stats, runs["grid"], runs["jacobi_image"]
+    used = {source for current in stats.rounds for source in current.sources}
+    assert used == {"fresh", "refreshed", "kept"}
+    cut = 0
+    for index, current in enumerate(stats.rounds):
+        ax = plots.replay(image, stats, grid, index, narrow=narrow).axes[0]
+        expected: dict[str, list] = {}
+        for node, source in enumerate(current.sources, start=1):
+            if current.start + node - 1 < grid[0] * grid[1]:
+                expected.setdefault(source, []).append(cell_centre(current.start + node - 1, image, grid))
+            else:
+                cut += 1
+        drawn = source_marks(ax)
+        assert sorted(drawn) == sorted(expected), index
+        for source, centres in expected.items():
+            assert np.allclose(drawn[source], centres), (index, source)
+        legend = legend_texts(ax.figure)
+        assert [text for text in legend if text in SOURCE_TEXTS] == SOURCE_TEXTS  # every round: the same entries
+    assert cut > 0  # some window reached past the image's end, and its drafts there were not drawn
+
+
+def test_acceptance_map_marks_accepted_jacobi_drafts_by_source(runs, figures):
+    """One mark per accepted draft, in its cell's top left corner (clear of the depth), by source; a legend
+    entry for each source among the accepted drafts, none for another."""
+    stats, grid, image = runs["made"]["jacobi"].stats, runs["grid"], runs["jacobi_image"]
+    drawn = source_marks(figures["map_jacobi"].axes[0])
+    expected: dict[str, list] = {}
+    for index, source in enumerate(stats.token_source):
+        if source:
+            expected.setdefault(source, []).append(cell_centre(index, image, grid, 0.2))
+    assert set(expected) == {"fresh", "refreshed", "kept"}
+    assert sorted(drawn) == sorted(expected)
+    for source, corners in expected.items():
+        assert np.allclose(drawn[source], corners), source
+    assert [text for text in legend_texts(figures["map_jacobi"]) if text in SOURCE_TEXTS] == SOURCE_TEXTS
+    only_kept = GenerationStats("cool", {}, JACOBI, 8, 0, 0, {}, [1.0] * 8)
+    for origin, depth, source in ((FIRST, 0, ""), ("draft", 1, "kept"), (BONUS, 0, "")):
+        only_kept.emit(origin, depth, 1.0, source)
+    fig = plots.acceptance_map(np.zeros((16, 16), dtype=np.uint8), only_kept, (4, 4), "COOL-SD")
+    assert [text for text in legend_texts(fig) if text in SOURCE_TEXTS] == ["kept by the coupling"]
+    assert {source: len(at) for source, at in source_marks(fig.axes[0]).items()} == {"kept": 1}
+
+
+def test_a_drafter_run_has_no_source_marks_nor_entries(figures):
+    """The draft model's drafts are not marked: a drafter run's map and replay look as before."""
+    for name in ("map", "replay", "replay_prefill", "map_ar"):
+        fig = figures[name]
+        assert not [ax for ax in fig.axes if source_marks(ax)], name
+        assert not set(legend_texts(fig)) & set(SOURCE_TEXTS), name
+
+
+def test_many_accepted_depths_share_legend_entries():
+    """A deep window accepts drafts at many depths: past 8 of them the map's legend gives ranges (each cell still
+    shows its depth), covering every depth once; 8 or fewer keep an entry each."""
+    def depth_entries(depths):
+        stats = GenerationStats("cool", {}, "jacobi:32", 32, 0, 0, {}, [1.0] * 32)
+        for depth in depths:
+            stats.emit("draft", depth, 1.0, "refreshed")
+        return [text for text in legend_texts(plots.acceptance_map(np.zeros((48, 48), dtype=np.uint8), stats,
+                                                                   (6, 6), "COOL-SD")) if text.startswith("draft,")]
+
+    assert depth_entries([1, 2, 3, 5, 8]) == [f"draft, depth {d}" for d in (1, 2, 3, 5, 8)]
+    wide = depth_entries(range(1, 21))
+    assert len(wide) == plots.MOST_DEPTH_ENTRIES and wide[0] == "draft, depth 1–3" and wide[-1].endswith("–20")
+    covered = [d for text in wide for low, _, high in [text.split()[-1].partition("–")]
+               for d in range(int(low), int(high or low) + 1)]
+    assert covered == list(range(1, 21))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import textwrap
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 from matplotlib import colormaps
@@ -36,6 +36,13 @@ ORIGIN_STYLE = {FIRST: ("#9e9e9e", "1st"), TARGET: ("#9e9e9e", "AR"), RESAMPLED:
                 BONUS: ("#e6ab02", "B")}
 DEPTH_CMAP = colormaps["viridis"]
 NOT_YET_COLOR, REJECTED_EDGE, NOISE_COLOR = "black", "red", "0.82"
+# Where a Jacobi window's draft came from (coolsd.core.stats.DRAFT_ORIGINS) -> (marker, colour, legend text): a mark
+# in its cell, so that the depth colours stay; the draft model's own drafts get none (a drafter run looks as before).
+SOURCE_STYLE = {"fresh": ("^", "#56b4e9", "fresh (random) draft"),
+                "refreshed": ("o", "#e69f00", "refreshed by the target"),
+                "kept": ("s", "white", "kept by the coupling")}
+SOURCE_EDGE = "black"
+MOST_DEPTH_ENTRIES = 8  # more accepted depths than this (a deep Jacobi window) share legend entries by range
 WIDE, NARROW = 8.0, 4.2  # inches: a full-width desktop panel, and one of the two side-by-side acceptance maps
 PHONE_WIDTH = 4.0  # inches: a phone's panel (about 360 px) shows it at 0.9x, so 9 pt is 11 px on screen
 
@@ -94,6 +101,15 @@ def _integer_ticks(*axes) -> None:
     """Ticks only at whole numbers, for counts and positions (no "round 1.5")."""
     for axis in axes:
         axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+
+
+def _position_ticks(axis, values: Sequence[int]) -> None:
+    """A tick at every value while there are few (a chain's positions), else whole-number ticks the axis can
+    hold: a 16-draft Jacobi window's labels ran together on a phone."""
+    if len(values) <= 10:
+        axis.set_ticks(list(values))
+    else:
+        _integer_ticks(axis)
 
 
 # Names the app shows: from the rule registry ------------------------------------------------------------
@@ -206,7 +222,7 @@ def per_position(runs: list[tuple[str, GenerationStats]], omegas: list[float] | 
                 label=f"{label}: mean acceptance probability")
         ax.plot(per_depth["depth"], _nan_for_none(per_depth["accept_rate"]), "s--", color=color, alpha=0.7,
                 label=f"{label}: empirical acceptance rate")
-    ax.set_xticks(range(1, depth + 1))
+    _position_ticks(ax.xaxis, range(1, depth + 1))
     ax.set_xlim(0.7, depth + 0.3)
     ax.set_xlabel(_fill("draft position (depth in the draft window)", 10, style.width - 1))
     ax.set_ylabel("probability / rate")
@@ -244,7 +260,7 @@ def accepted_lengths(runs: list[tuple[str, GenerationStats]], *, narrow: bool = 
     line.set_title("along the image", fontsize=style.subtitle)
     hist.set_xlabel("accepted drafts in a round")
     hist.set_ylabel("rounds")
-    hist.set_xticks(counts)
+    _position_ticks(hist.xaxis, counts)
     hist.set_title("how often each count occurs", fontsize=style.subtitle)
     _integer_ticks(line.xaxis, line.yaxis, hist.yaxis)
     _legend_below(fig, line.get_legend_handles_labels()[0], ncol=1, size=style.legend)
@@ -276,19 +292,57 @@ def _depth_color(depth: int, depth_max: int):
     return DEPTH_CMAP((depth - 1) / max(1, depth_max - 1))
 
 
-def _origin_legend(stats: GenerationStats) -> list[Patch]:
+def _depth_entries(depths: list[int], depth_max: int) -> list[Patch]:
+    """A legend entry per accepted depth; past MOST_DEPTH_ENTRIES depths, one per range of them, coloured at its
+    middle (each cell still shows its depth)."""
+    if len(depths) <= MOST_DEPTH_ENTRIES:
+        return [Patch(color=_depth_color(d, depth_max), label=f"draft, depth {d}") for d in depths]
+    groups = [list(group) for group in np.array_split(depths, MOST_DEPTH_ENTRIES)]
+    return [Patch(color=_depth_color(group[len(group) // 2], depth_max),
+                  label=f"draft, depth {group[0]}" + (f"–{group[-1]}" if len(group) > 1 else "")) for group in groups]
+
+
+def _accepted_sources(stats: GenerationStats) -> list[str]:
+    """Each accepted draft's source, in image order (a run recorded before sources were: none)."""
+    return [source for origin, source in zip(stats.token_origin, stats.token_source) if origin == DRAFT]
+
+
+def _source_legend(sources: Iterable[str]) -> list[Line2D]:
+    """An entry per Jacobi source among ``sources`` (none for the draft model's drafts), in SOURCE_STYLE's order."""
+    present = set(sources)
+    return [Line2D([], [], ls="", marker=marker, markersize=7, markerfacecolor=color, markeredgecolor=SOURCE_EDGE,
+                   label=text) for source, (marker, color, text) in SOURCE_STYLE.items() if source in present]
+
+
+def _source_marks(ax: Axes, points: dict[str, list[tuple[float, float]]], size: float) -> None:
+    """One scatter per source that has points (its label the source's name, for legends and tests), ``size``
+    points wide, above the cells."""
+    for source, (marker, color, _) in SOURCE_STYLE.items():
+        at = np.array(points.get(source, []), dtype=float).reshape(-1, 2)
+        if len(at):
+            ax.scatter(at[:, 0], at[:, 1], s=size ** 2, marker=marker, c=color, edgecolors=SOURCE_EDGE,
+                       linewidths=0.6, zorder=4, label=source)
+
+
+def _mark_size(width: float, columns: int, share: float, most: float) -> float:
+    """A mark's size in points: ``share`` of a cell of a ``width``-inch image with ``columns`` cells a row (the
+    axes take about 0.85 of it), at most ``most``."""
+    return min(most, share * width * 72 * 0.85 / max(1, columns))
+
+
+def _origin_legend(stats: GenerationStats) -> list:
     """One entry per colour the map uses: each accepted draft depth that occurs, then the other origins (short
-    labels: two columns must fit the map's 400 px)."""
+    labels: two columns must fit the map's 400 px), then a Jacobi window's sources among the accepted drafts."""
     depth_max = max(1, stats.tree_depth)
     depths = sorted({d for origin, d in zip(stats.token_origin, stats.token_depth) if origin == DRAFT})
-    entries = [Patch(color=_depth_color(d, depth_max), label=f"draft, depth {d}") for d in depths]
+    entries: list = _depth_entries(depths, depth_max)
     origins = set(stats.token_origin)
     labels = {RESAMPLED: "R: resampled", BONUS: "B: bonus"}
     entries += [Patch(color=ORIGIN_STYLE[origin][0], label=text)
                 for origin, text in labels.items() if origin in origins]
     if origins & {FIRST, TARGET}:
         entries.append(Patch(color=ORIGIN_STYLE[FIRST][0], label="1st / AR: target"))
-    return entries
+    return entries + _source_legend(_accepted_sources(stats))
 
 
 def acceptance_map(image: np.ndarray, stats: GenerationStats, grid: tuple[int, int], title: str, *,
@@ -301,14 +355,18 @@ def acceptance_map(image: np.ndarray, stats: GenerationStats, grid: tuple[int, i
                  fontsize=style.subtitle + 1)
     cell = _grid_axes(ax, image, grid, dim=0.55)
     depth_max = max(1, stats.tree_depth)
-    cells = []
-    for index, (origin, depth) in enumerate(zip(stats.token_origin, stats.token_depth)):
+    cells, marks = [], {}
+    sources = stats.token_source or [""] * len(stats.token_origin)
+    for index, (origin, depth, source) in enumerate(zip(stats.token_origin, stats.token_depth, sources)):
         x, y, cell_w, cell_h = cell(index)
         color, text = (_depth_color(depth, depth_max), str(depth)) if origin == DRAFT else ORIGIN_STYLE[origin]
         cells.append(Rectangle((x, y), cell_w, cell_h, facecolor=color, alpha=0.45, edgecolor="white", lw=0.4))
         ax.text(x + cell_w / 2, y + cell_h / 2, text, ha="center", va="center", fontsize=style.small,
                 color="white", fontweight="bold")
+        if origin == DRAFT and source in SOURCE_STYLE:  # in the cell's top left corner, clear of its depth
+            marks.setdefault(source, []).append((x + 0.2 * cell_w, y + 0.2 * cell_h))
     _add_cells(ax, cells)
+    _source_marks(ax, marks, _mark_size(style.map_width, grid[1], 0.22, 5))
     _legend_below(fig, legend, ncol=2, size=style.legend)
     return fig
 
@@ -382,7 +440,9 @@ def _draw_tree(ax: Axes, tree: DraftTree, current: Round, size: float) -> None:
     ax.plot([at[path[-1], 0], x], [y, y], ":", color=color, lw=1.5, zorder=2)
     ax.scatter([x], [y], s=110, marker="D", color=color, edgecolor="white", zorder=4, label=current.next_origin)
     ax.text(x, y, letter, ha="center", va="center", fontsize=size, color="white", fontweight="bold", zorder=5)
-    ax.set_xticks(range(tree.depth + 1), ["root"] + [str(d) for d in range(1, tree.depth + 1)])
+    step = math.ceil(tree.depth / 12)  # a 32-draft window: every third depth labelled, so labels never overlap
+    shown = [0] + list(range(step, tree.depth + 1, step))
+    ax.set_xticks(shown, ["root"] + [str(d) for d in shown[1:]])
     ax.set_xlim(-0.4, tree.depth + 0.9)
     ax.set_ylim(at[:, 1].max() + 0.6, -0.6)  # first child on top
     ax.set_yticks([])
@@ -419,9 +479,21 @@ def _replay_legend() -> list[Patch]:
             Patch(facecolor=NOT_YET_COLOR, alpha=0.8, label="not yet generated")]
 
 
-def _image_panel(ax: Axes, image: np.ndarray, grid: tuple[int, int], current: Round, size: float) -> None:
+def window_sources(current: Round, cells: int) -> dict[str, list[int]]:
+    """The image cells of a round's drafted window by Jacobi source: a Jacobi window is a chain, so node ``i``
+    drafts position ``start + i - 1``; drafts past the image's end and the draft model's drafts are left out."""
+    marked: dict[str, list[int]] = {}
+    for node, source in enumerate(current.sources, start=1):
+        if source in SOURCE_STYLE and current.start + node - 1 < cells:
+            marked.setdefault(source, []).append(current.start + node - 1)
+    return marked
+
+
+def _image_panel(ax: Axes, image: np.ndarray, grid: tuple[int, int], current: Round, size: float,
+                 mark: float = 6) -> None:
     """Earlier tokens shown, this round's accepted drafts (green) and its extra token (pink if resampled after
-    a rejection, outlined red; yellow if a bonus), later cells dark."""
+    a rejection, outlined red; yellow if a bonus), later cells dark; a Jacobi window's drafts marked by source
+    (``mark`` points wide) in the cells they drafted."""
     cell = _grid_axes(ax, image, grid)
     start, emitted = current.start, len(current.emitted)
     cells = []
@@ -436,6 +508,10 @@ def _image_panel(ax: Axes, image: np.ndarray, grid: tuple[int, int], current: Ro
         if last and current.next_origin == RESAMPLED:  # a candidate was rejected in this cell
             cells.append(Rectangle((x, y), cell_w, cell_h, fill=False, edgecolor=REJECTED_EDGE, lw=2.5))
     _add_cells(ax, cells)
+    centres = {}
+    for source, indices in window_sources(current, grid[0] * grid[1]).items():
+        centres[source] = [(x + w / 2, y + h / 2) for x, y, w, h in map(cell, indices)]
+    _source_marks(ax, centres, mark)
     ax.set_title(_emitted_words(current), fontsize=size)
 
 
@@ -451,16 +527,20 @@ def _emitted_words(current: Round) -> str:
 def replay(image: np.ndarray, stats: GenerationStats, grid: tuple[int, int], round_index: int, *,
            narrow: bool = False) -> Figure:
     """One round: the image with the round's tokens marked (left; above on a phone) and the tree it drafted,
-    each node marked accepted, rejected, not tested or invalid, with the token the target added (right)."""
+    each node marked accepted, rejected, not tested or invalid, with the token the target added (right). A Jacobi
+    window's drafts are marked by source in the cells they drafted, with a legend entry for each source the run
+    used in any round (so the layout holds still while playing)."""
     style = layout(narrow)
     round_index = int(np.clip(round_index, 0, len(stats.rounds) - 1))
     current = stats.rounds[round_index]
     fig = Figure(figsize=(style.width, 9.6 if style.stacked else 5.4), layout="constrained")
     FigureCanvasAgg(fig)
     panels = fig.subfigures(2, 1, height_ratios=[1.15, 1]) if style.stacked else fig.subfigures(1, 2)
-    for panel, legend, ncol in zip(panels, (_replay_legend(), _tree_legend()), (1, 2)):
+    sources = _source_legend(source for past in stats.rounds for source in past.sources)  # every round's: held still
+    for panel, legend, ncol in zip(panels, (_replay_legend() + sources, _tree_legend()), (1, 2)):
         _legend_below(panel, legend, ncol=ncol, size=style.legend)
-    _image_panel(panels[0].subplots(), image, grid, current, style.subtitle)
+    width = style.width if style.stacked else style.width / 2
+    _image_panel(panels[0].subplots(), image, grid, current, style.subtitle, _mark_size(width, grid[1], 0.4, 7))
     _tree_panel(panels[1].subplots(), stats, current, style)
     fig.suptitle(f"{method_name(stats.method, stats.params)}: round {round_index} of {len(stats.rounds) - 1}",
                  fontsize=style.subtitle + 1)
@@ -480,7 +560,7 @@ def theory(table: dict, title: str, *, narrow: bool = False) -> Figure:
     ax.bar(x - 0.2, table["beta"], width=0.4, color=EAGLE_COLOR, label=r"$\beta_i$: acceptance rate at position $i$")
     ax.bar(x + 0.2, table["cost"], width=0.4, color=METHOD_COLOR, label=r"$e_i$: TV cost of step $i$")
     ax.plot(x, table["reach"], "k.-", label=r"P(reach position $i$)")
-    ax.set_xticks(x)
+    _position_ticks(ax.xaxis, x)
     ax.set_xlabel(r"draft position $i$")
     ax.set_ylabel("probability")
     ax.set_ylim(0, 1.05)

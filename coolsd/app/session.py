@@ -20,11 +20,18 @@ from ..core.params import PROMPT_CHARS as PROMPT_CHARS  # the prompt box's limit
 from ..core.params import Choice, Param, check, check_prompt, number, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig
-from ..core.trees import TREES, DraftTree, chain, parse_draft
+from ..core.trees import TREES, DraftTree, chain, parse_draft, usable_depth
 from ..models.bundle import Bundle, device_name
 from ..models.steps import default_mode
 
-DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES]
+# Chains and trees of the draft model, then Jacobi windows, which the target drafts for itself (no draft model):
+# refreshed independently (SJD), by maximal coupling (SCD) or by Gumbel coupling.
+JACOBI_DRAFTS = ["jacobi:8", "jacobi:8:coupled", "jacobi:16", "jacobi:16:coupled", "jacobi:16:gumbel",
+                 "jacobi:32:coupled"]
+DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES] + JACOBI_DRAFTS
+DRAFTER_DEFAULT = "chain:5"  # a model with a draft model starts here
+# a model without one starts on the first of these its images leave room for (jacobi:32:coupled: SCD's setting)
+JACOBI_DEFAULTS = ("jacobi:32:coupled", "jacobi:16:coupled", "jacobi:8:coupled")
 COMMON = ("draft", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")  # after the method's values
 CONDITION = ("model", "prompt")  # last: the chosen model (a key of coolsd.app.models) and a text model's prompt
 
@@ -189,6 +196,45 @@ def text_model(bundle: Bundle) -> bool:
     return bool(getattr(bundle.config, "text_conditioned", False))
 
 
+def has_drafter(bundle: Bundle) -> bool:
+    """Whether the model ships a draft model: without one, only Jacobi windows (and AR) can run."""
+    return getattr(bundle, "drafter", None) is not None
+
+
+def model_draft(bundle: Bundle, draft: str) -> DraftTree:
+    """``draft`` parsed for ``bundle``: no deeper than its images leave room for, and a chain or tree only when
+    it has a draft model (one readable line otherwise, naming a draft that works)."""
+    tree = parse_draft(draft, usable_depth(bundle.config.image_tokens))
+    if tree.needs_drafter and not has_drafter(bundle):
+        raise ValueError(f"draft {draft} needs a draft model, and {bundle.name} has none: choose a Jacobi window, "
+                         f"where the target drafts for itself (e.g. {default_draft(bundle)})")
+    return tree
+
+
+def suits(bundle: Bundle, draft: str) -> bool:
+    """Whether ``draft`` runs on ``bundle`` (see :func:`model_draft`)."""
+    try:
+        model_draft(bundle, draft)
+    except ValueError:
+        return False
+    return True
+
+
+def default_draft(bundle: Bundle) -> str:
+    """A model's starting draft: ``chain:5`` with a draft model, else the widest coupled Jacobi window its images
+    leave room for (SCD's ``jacobi:32:coupled`` for Lumina-mGPT)."""
+    depth = usable_depth(bundle.config.image_tokens)
+    if has_drafter(bundle):
+        return DRAFTER_DEFAULT if parse_draft(DRAFTER_DEFAULT).depth <= depth else "chain:1"
+    return next((d for d in JACOBI_DEFAULTS if parse_draft(d).depth <= depth), JACOBI_DEFAULTS[-1])
+
+
+def suited_draft(bundle: Bundle, draft) -> str:
+    """``draft`` if it runs on ``bundle``, else the model's :func:`default_draft` (a model switch keeps the
+    user's draft where it can)."""
+    return draft if isinstance(draft, str) and draft in DRAFTS and suits(bundle, draft) else default_draft(bundle)
+
+
 def parse_request(bundle: Bundle, method: str, params: Mapping, draft: str, class_name: str, seed, cfg_scale,
                   temperature, top_k, top_p, prompt="", model: str = "") -> Request:
     """Validate raw UI/API values (any type may arrive) into a :class:`Request`: ``method`` is an entry's UI
@@ -207,7 +253,7 @@ def parse_request(bundle: Bundle, method: str, params: Mapping, draft: str, clas
     checked = method_params(name, fixed, params)
     sampling = SamplingConfig(cfg_scale=check("cfg_scale", cfg_scale), temperature=check("temperature", temperature),
                               top_k=check("top_k", top_k, high=bundle.config.vocab_size), top_p=check("top_p", top_p))
-    tree = parse_draft(draft)
+    tree = model_draft(bundle, draft)  # the Eagle-1 image beside the method drafts with it too, even beside AR
     rule = build_rule(name, checked, tree.depth, bundle)  # refuses e.g. a too steep linear nu
     return Request(method, name, tuple(sorted(checked.items())), draft, class_id, check("seed", seed), sampling, rule,
                    tree, model if isinstance(model, str) else "", prompt)
@@ -417,7 +463,7 @@ def fast_steps(bundle: Bundle, zero_gpu: bool = False) -> Bundle:
 def warm_up(bundle: Bundle) -> None:
     """One small generation per code path, so that the first user request does not pay torch's start-up."""
     for rule in (AR(), Eagle()):
-        generate(bundle, 0, rule, chain(2), bundle.sampling, 0)
+        generate(bundle, 0, rule, chain(2) if has_drafter(bundle) else parse_draft("jacobi:2"), bundle.sampling, 0)
 
 
 def auto_mu(nu, draft: str, schedule: str = "exp") -> float:

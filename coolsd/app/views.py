@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
 from ..core.decode import Generation
 from ..core.params import Param, clip
-from ..core.rules import RULES, AcceptanceRule, build_rule, omega_schedule, param, resolve_mu
+from ..core.rules import RULES, AcceptanceRule, ModelTables, build_rule, omega_schedule, param, resolve_mu
 from ..core.theory import captured_theory, chain_theory, toy_chain, toy_neighbours
-from ..core.trees import parse_draft
+from ..core.trees import JacobiWindow, parse_draft
 from ..models.bundle import Bundle
 from . import plots
 from .session import DRAFTS, Comparison, Request, choice, flag, method_entries
@@ -65,6 +66,31 @@ def image_labels(request: Request) -> tuple[str, str]:
     if request.method == "eagle":
         return eagle, eagle
     return (f"{request.label} ({request.draft})" if RULES[request.method].drafts else request.label), eagle
+
+
+# What each refresh of a Jacobi window does, and what Eagle-1's lossless test on such a window is known as.
+REFRESH_WORDS = {
+    "independent": ("redraws them from its new rows each round", "SJD"),
+    "coupled": ("keeps old drafts where a maximal coupling with its new rows allows", "SCD"),
+    "gumbel": ("redraws them with the same Gumbel noise per position each round", "SJD with Gumbel coupling"),
+}
+FRESH_WORDS = {"uniform": "", "point": " (new positions: random tokens, tested as a point mass)"}
+
+
+def draft_note(draft) -> str:
+    """One line under the draft selector saying what the chosen draft is: who drafts, how much, and for a Jacobi
+    window what its refresh does and what Eagle-1 on it is known as. Never raises (it follows the selector)."""
+    try:
+        tree = parse_draft(choice("draft structure", draft, DRAFTS))
+    except ValueError as error:
+        return f"⚠️ *{plain(str(error))}*"
+    if isinstance(tree, JacobiWindow):
+        refresh, known_as = REFRESH_WORDS[tree.refresh]
+        return (f"**Jacobi window**, no draft model: the target drafts its next {tree.depth} tokens itself and "
+                f"{refresh}{FRESH_WORDS[tree.fresh]}. Eagle-1 here is {known_as}.")
+    if tree.is_chain:
+        return f"**Chain**: the draft model proposes {tree.depth} token{'s' * (tree.depth > 1)} in a row."
+    return f"**Tree**: the draft model proposes {tree.size} tokens, {tree.depth} deep, up to {tree.width} per position."
 
 
 def setting_text(value) -> str:
@@ -165,15 +191,32 @@ def replay_figure(bundle: Bundle, result: Comparison, round_index: int, narrow: 
 
 TOY_VOCAB = 64  # tokens of the toy distributions: LANTERN++'s largest k (50) needs 51 neighbours of each token
 TOY_SEED = Param("toy_seed", 0, 2**31 - 1, 0, 1, "toy seed", integer=True)
+TOY_DIM = 8  # the toy tokens' embedding size
+
+
+def toy_embeddings(vocab: int, seed: int, dim: int = TOY_DIM) -> torch.Tensor:
+    """GSD's embedding table for the toy tokens: random unit vectors from ``seed``, in a stream of their own (apart
+    from the pairs' and LANTERN++'s neighbours'), scaled by 0.6 so that GSD's default squared distance (0.5)
+    groups a token with a few of its nearest tokens rather than with none (two random unit vectors in 8
+    dimensions are about 2 apart squared)."""
+    codes = np.random.default_rng([seed, 2]).standard_normal((vocab, dim))
+    return torch.from_numpy(0.6 * codes / np.linalg.norm(codes, axis=1, keepdims=True))
+
+
+def toy_tables(vocab: int, seed: int) -> ModelTables:
+    """What the rules read from a model, for the toy tokens: LANTERN++'s neighbours and GSD's embeddings."""
+    table = toy_embeddings(vocab, seed)
+    return ModelTables(toy_neighbours(vocab, seed), lambda: table)
 
 
 def toy_case(request: Request, toy_seed: int) -> tuple[dict, str]:
-    """The theory table on toy pairs, the rule built for them: LANTERN++ gets the toy tokens' own neighbours."""
+    """The theory table on toy pairs, the rule built for them: LANTERN++ and GSD get the toy tokens' own tables."""
     depth = request.tree.depth
     p, q = toy_chain(vocab=TOY_VOCAB, length=depth, seed=toy_seed)
-    rule = build_rule(request.method, request.param_dict, depth, toy_neighbours(TOY_VOCAB, toy_seed))
+    rule = build_rule(request.method, request.param_dict, depth, toy_tables(TOY_VOCAB, toy_seed))
     return chain_theory(p, q, rule), (f"toy: Dirichlet(0.5) target/draft pairs over {TOY_VOCAB} tokens (seed "
-                                      f"{toy_seed}; LANTERN++'s neighbours: random code vectors, by L2 distance)")
+                                      f"{toy_seed}; LANTERN++'s neighbours: random code vectors, by L2 distance; "
+                                      f"GSD's embeddings: other random vectors of length 0.6)")
 
 
 def captured_case(capture_bundle: Bundle, result: Comparison, request: Request) -> tuple[dict, str]:
