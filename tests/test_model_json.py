@@ -50,7 +50,7 @@ def test_the_directory_loads_as_one_bundle(model_dir):
     bundle = load_bundle(model_dir, device="cpu")
     assert bundle.config.text_conditioned and bundle.config.prefix_length == 8
     assert type(bundle.drafter).__name__ == "LanternDrafter" and bundle.text_encoder is not None
-    assert bundle.codebook.shape == (16, 8) and bundle(3).shape == (16, 3)
+    assert bundle.codebook.shape == (16, 8) and bundle.neighbours(3).shape == (16, 3)
     caption = bundle.text_encoder(["a red cat on the grass"])[0]
     assert caption.features.shape == (8, 12) and caption.valid.sum() == 7  # 6 words + end of sequence
     assert bundle.image(list(range(16))).shape == (8, 8, 3)

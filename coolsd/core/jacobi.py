@@ -10,19 +10,14 @@ the walk's uniforms, and every step is a fixed-shape tensor operation (no host r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
 from .interface import Drafter
 from .rules import normalise
 from .sampling import sample
-from .sources import FRESH_CODE, KEPT_CODE, REFRESHED_CODE, DraftSource, gather_rows
-
-if TYPE_CHECKING:
-    from .decode import Workspace
-    from .verify import Verdict
+from .sources import FRESH_CODE, KEPT_CODE, REFRESHED_CODE, DraftSource, Workspace, gather_rows
+from .verify import Verdict
 
 
 class JacobiSource(DraftSource):
@@ -41,7 +36,7 @@ class JacobiSource(DraftSource):
     masked in ``p`` and in the fresh draws, so they are drafted as their token with ``q`` a point mass.
     """
 
-    def __init__(self, ws: "Workspace", drafter: Drafter | None = None) -> None:
+    def __init__(self, ws: Workspace, drafter: Drafter | None = None) -> None:
         super().__init__(ws, drafter)
         tree, batch, vocab, device, dtype = ws.tree, ws.batch, ws.target.vocab_size, ws.device, ws.dtype
         self.window, self.refresh, self.fresh = tree.depth, tree.refresh, tree.fresh
@@ -58,7 +53,7 @@ class JacobiSource(DraftSource):
     def state(self) -> list[Tensor]:
         return [self.noise] if self.refresh == "gumbel" else []
 
-    def start(self, ws: "Workspace", embeds: Tensor, hidden: Tensor) -> None:
+    def start(self, ws: Workspace, embeds: Tensor, hidden: Tensor) -> None:
         """The first window: every position fresh (its random numbers were drawn with the first token's)."""
         tokens, q = self.fresh_drafts(ws)
         ws.node_tokens[:, 1:] = tokens
@@ -67,7 +62,7 @@ class JacobiSource(DraftSource):
         if self.refresh == "gumbel":
             self.noise.copy_(self.races)
 
-    def observe(self, ws: "Workspace", verdict: "Verdict", p: Tensor, count: Tensor) -> None:
+    def observe(self, ws: Workspace, verdict: Verdict, p: Tensor, count: Tensor) -> None:
         """The next window from this round's rows ``p`` (row ``j``: the position ``j`` after the old last token):
         new slot ``s`` stands at row ``count + s``; rows up to ``L`` were scored, rows below ``L`` held a draft."""
         rows = count[:, None] + self.slots
@@ -81,7 +76,7 @@ class JacobiSource(DraftSource):
         origin = torch.where(kept, KEPT_CODE, REFRESHED_CODE)
         ws.node_origin[:, 1:] = torch.where(scored, origin, FRESH_CODE)
 
-    def refreshed(self, ws: "Workspace", rows: Tensor, p_rows: Tensor, old_tokens: Tensor, drafted: Tensor
+    def refreshed(self, ws: Workspace, rows: Tensor, p_rows: Tensor, old_tokens: Tensor, drafted: Tensor
                   ) -> tuple[Tensor, Tensor]:
         """Each slot's draft from its row ``p_rows`` (B, L, V), and whether it is the old draft kept."""
         test, draw = self.uniforms[:, 0], self.uniforms[:, 1]
@@ -98,7 +93,7 @@ class JacobiSource(DraftSource):
         mass = torch.where(drafted[..., None], normalise((p_rows - old_q).clamp_min(0), p_rows), p_rows)
         return torch.where(kept, old_tokens, sample(mass, draw)), kept
 
-    def fresh_drafts(self, ws: "Workspace") -> tuple[Tensor, Tensor]:
+    def fresh_drafts(self, ws: Workspace) -> tuple[Tensor, Tensor]:
         """A uniformly random allowed token for each slot (its position: ``n + slot``), and its stored ``q``."""
         allowed = ws.allowed(self.slots)
         mass = allowed.to(ws.dtype) if allowed is not None else self.everything.expand(ws.batch, self.window, -1)

@@ -12,17 +12,16 @@ class here and an entry in :data:`SOURCES`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .interface import Drafter
 from .sampling import draw_without_replacement
+from .verify import Verdict
 
-if TYPE_CHECKING:
-    from .decode import Workspace
-    from .verify import Verdict
+Workspace = Any  # coolsd.core.decode.Workspace, whose buffers a source fills (decode imports this module, not back)
 
 # Where a drafted token came from (a round's record keeps one code per node; names: coolsd.core.stats.DRAFT_ORIGINS)
 DRAFTER_CODE, FRESH_CODE, REFRESHED_CODE, KEPT_CODE = 0, 1, 2, 3
@@ -33,7 +32,7 @@ class DraftSource:
 
     drafting_phase = False  # whether rounds run :meth:`draft` as a phase of their own before verification
 
-    def __init__(self, ws: "Workspace", drafter: Drafter | None = None) -> None:
+    def __init__(self, ws: Workspace, drafter: Drafter | None = None) -> None:
         self.randoms: list[tuple[Tensor, str]] = []  # (buffer (B, ...), "uniform" | "exponential") drawn per round
 
     def reset(self) -> None:
@@ -47,14 +46,14 @@ class DraftSource:
         """The source's own KV caches."""
         return []
 
-    def start(self, ws: "Workspace", embeds: Tensor, hidden: Tensor) -> None:
+    def start(self, ws: Workspace, embeds: Tensor, hidden: Tensor) -> None:
         """After the prefill: ``embeds`` its prefix inputs and ``hidden`` its features (rows, P, dim); the first
         token is ``ws.tokens[:, 0]`` and ``ws.n`` is 1."""
 
-    def draft(self, ws: "Workspace", levels: int) -> None:
+    def draft(self, ws: Workspace, levels: int) -> None:
         """The drafting phase: fill the drafted tree down to ``levels`` depths."""
 
-    def observe(self, ws: "Workspace", verdict: "Verdict", p: Tensor, count: Tensor) -> None:
+    def observe(self, ws: Workspace, verdict: Verdict, p: Tensor, count: Tensor) -> None:
         """After the walk, ``ws.n`` already advanced by ``count`` (B,): ``p`` (B, N, V) the round's target rows."""
 
 
@@ -64,7 +63,7 @@ class DrafterSource(DraftSource):
 
     drafting_phase = True
 
-    def __init__(self, ws: "Workspace", drafter: Drafter | None = None) -> None:
+    def __init__(self, ws: Workspace, drafter: Drafter | None = None) -> None:
         tree, batch, vocab, device = ws.tree, ws.batch, ws.target.vocab_size, ws.device
         if drafter is None:
             raise ValueError("this model has no drafter: only method 'ar' or a Jacobi draft "
@@ -90,13 +89,13 @@ class DrafterSource(DraftSource):
     def caches(self) -> list:
         return [self.cache]
 
-    def feature_buffers(self, ws: "Workspace", like: Tensor) -> None:
+    def feature_buffers(self, ws: Workspace, like: Tensor) -> None:
         """The feature buffers, made once from a first hidden state (rows, T, dim) of the target's dtype."""
         if self.pending_features is None:
             self.pending_features = like.new_zeros(ws.rows, ws.tree.depth + 1, like.shape[-1])
             self.node_features = like.new_zeros(ws.rows, ws.tree.size + 1, like.shape[-1])
 
-    def start(self, ws: "Workspace", embeds: Tensor, hidden: Tensor) -> None:
+    def start(self, ws: Workspace, embeds: Tensor, hidden: Tensor) -> None:
         """The drafter sees the prefix pairs but the last: slot s pairs the target's feature at s with the next
         input (the prefix's embedding at s + 1); slot P - 1 pairs with the first token and is the first round's
         catch-up."""
@@ -111,7 +110,7 @@ class DrafterSource(DraftSource):
         self.pending_tokens[:, 0] = ws.tokens[:, 0]
         self.pending_count.fill_(1)
 
-    def draft(self, ws: "Workspace", levels: int) -> None:
+    def draft(self, ws: Workspace, levels: int) -> None:
         """Catch the drafter up on the pending (input, target feature) pairs (a fixed window, the first
         ``pending_count`` real), then draft the tree depth by depth from its own predicted features: per node the
         token, its validity and (at inner nodes) the draft distribution its children are drawn from. Past
@@ -147,7 +146,7 @@ class DrafterSource(DraftSource):
         if levels < tree.depth:
             valid[:, tree.levels[levels + 1].start:] = False
 
-    def observe(self, ws: "Workspace", verdict: "Verdict", p: Tensor, count: Tensor) -> None:
+    def observe(self, ws: Workspace, verdict: Verdict, p: Tensor, count: Tensor) -> None:
         """The next catch-up's pairs: the kept nodes' target features and the emitted tokens."""
         hidden = ws.hidden
         self.pending_features.copy_(hidden[:, :ws.tree.depth + 1] if ws.tree.is_chain else
