@@ -21,6 +21,7 @@ from ..core.params import Choice, Param, check, check_prompt, number, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig
 from ..core.trees import TREES, DraftTree, chain, parse_draft, usable_depth
+from ..core.trees import default_draft as model_default_draft
 from ..models.bundle import Bundle, device_name
 from ..models.steps import default_mode
 
@@ -29,9 +30,6 @@ from ..models.steps import default_mode
 JACOBI_DRAFTS = ["jacobi:8", "jacobi:8:coupled", "jacobi:16", "jacobi:16:coupled", "jacobi:16:gumbel",
                  "jacobi:32:coupled"]
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES] + JACOBI_DRAFTS
-DRAFTER_DEFAULT = "chain:5"  # a model with a draft model starts here
-# a model without one starts on the first of these its images leave room for (jacobi:32:coupled: SCD's setting)
-JACOBI_DEFAULTS = ("jacobi:32:coupled", "jacobi:16:coupled", "jacobi:8:coupled")
 COMMON = ("draft", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")  # after the method's values
 CONDITION = ("model", "prompt")  # last: the chosen model (a key of coolsd.app.models) and a text model's prompt
 
@@ -221,12 +219,8 @@ def suits(bundle: Bundle, draft: str) -> bool:
 
 
 def default_draft(bundle: Bundle) -> str:
-    """A model's starting draft: ``chain:5`` with a draft model, else the widest coupled Jacobi window its images
-    leave room for (SCD's ``jacobi:32:coupled`` for Lumina-mGPT)."""
-    depth = usable_depth(bundle.config.image_tokens)
-    if has_drafter(bundle):
-        return DRAFTER_DEFAULT if parse_draft(DRAFTER_DEFAULT).depth <= depth else "chain:1"
-    return next((d for d in JACOBI_DEFAULTS if parse_draft(d).depth <= depth), JACOBI_DEFAULTS[-1])
+    """A model's starting draft (:func:`coolsd.core.trees.default_draft`)."""
+    return model_default_draft(bundle.config.image_tokens, has_drafter(bundle))
 
 
 def suited_draft(bundle: Bundle, draft) -> str:

@@ -14,7 +14,7 @@ import torch
 
 from ..core.params import PARAMS, Param, check, shorten
 from ..core.sampling import SamplingConfig
-from ..core.trees import parse_draft, usable_depth
+from ..core.trees import default_draft, parse_draft, usable_depth
 from ..models.bundle import (
     DEFAULT_MODEL,
     Bundle,
@@ -37,7 +37,12 @@ class ModelInfo:
 
     config: ModelConfig
     class_names: list[str]
-    draft: str = "chain:5"  # the draft when --draft is not given: model.json's "draft" (a Jacobi window without a drafter)
+    has_drafter: bool = True
+
+    @property
+    def draft(self) -> str:
+        """The draft when --draft is not given: a coupled Jacobi window for a model without a drafter."""
+        return default_draft(self.config.image_tokens, self.has_drafter)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +77,7 @@ def model_info(model: str | None, random_init: str | None) -> ModelInfo:
     if described is not None:
         spec = read_spec(described)
         config = registry_config(spec, described.parent)
-        return ModelInfo(config, class_names(spec, config), str(spec.get("draft", ModelInfo.draft)))
+        return ModelInfo(config, class_names(spec, config), "drafter" in spec)
     path = Path(model) if model else DEFAULT_MODEL
     if not (path / "config.json").is_file():
         raise ValueError(f"no model bundle at {path} (expected config.json and *.safetensors)")
@@ -82,7 +87,7 @@ def model_info(model: str | None, random_init: str | None) -> ModelInfo:
     except (OSError, KeyError, TypeError, ValueError) as error:
         raise ValueError(f"unreadable model config {path / 'config.json'}: {shorten(str(error), 80)}") from None
     names = meta.get("class_names") or [f"class {i}" for i in range(config.num_classes)]
-    return ModelInfo(config, names)
+    return ModelInfo(config, names, (path / "drafter.safetensors").is_file())
 
 
 def check_device(device: str | None) -> None:

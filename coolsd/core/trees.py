@@ -288,6 +288,20 @@ def usable_depth(image_tokens: int) -> int:
     return max(1, image_tokens - 2)
 
 
+DRAFTER_DEFAULT = "chain:5"  # a model with a draft model starts here
+# a model without one starts on the widest of these its images leave room for (jacobi:32:coupled: SCD's setting)
+JACOBI_DEFAULTS = ("jacobi:32:coupled", "jacobi:16:coupled", "jacobi:8:coupled")
+
+
+def default_draft(image_tokens: int, has_drafter: bool) -> str:
+    """A model's starting draft (the app's, and the command line's without --draft): ``chain:5`` with a draft
+    model, else the widest coupled Jacobi window its images leave room for (Lumina-mGPT: ``jacobi:32:coupled``)."""
+    depth = usable_depth(image_tokens)
+    if has_drafter:
+        return DRAFTER_DEFAULT if parse_draft(DRAFTER_DEFAULT).depth <= depth else "chain:1"
+    return next((d for d in JACOBI_DEFAULTS if parse_draft(d).depth <= depth), JACOBI_DEFAULTS[-1])
+
+
 def check_depth(depth: int, spec: str, max_depth: int | None) -> None:
     """Refuse a draft deeper than ``max_depth`` (the model's :func:`usable_depth`) or than MAX_DRAFT_DEPTH."""
     if max_depth is not None and depth > max_depth and max_depth <= MAX_DRAFT_DEPTH:
