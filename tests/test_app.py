@@ -454,6 +454,27 @@ def test_tradeoff_says_when_the_setting_is_not_on_the_studys_grid():
     assert not stars(fig) and "noise floor" in note
 
 
+
+def test_tradeoff_says_when_its_study_measured_other_weights_of_the_same_name(monkeypatch):
+    """A study records the sha256 of the target it measured: the same model name with other weights (a retrained
+    default model whose study has not been rerun) gets no star, and the note says which model the points are
+    from, with or without a generation; the recorded weights themselves get the star."""
+    shipped = views.load_bench(app.BUNDLE)
+    shape = {**app.BUNDLE.config.to_dict(), "n_layer": 3, "dim": 40}
+    monkeypatch.setattr(views, "load_bench", lambda bundle: {**shipped, "model_shape": shape,
+                                                             "target_sha256": "0" * 64})
+    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="COOL-SD", delta=2.0))
+    assert not [line for ax in fig.axes for line in ax.get_lines() if line.get_label() == "current setting"]
+    layers, width = app.BUNDLE.config.n_layer, app.BUNDLE.config.dim
+    assert note == (f"These points were measured on an earlier model 'fashion' (3 layers of width 40), not the one "
+                    f"loaded ({layers} layers of width {width}); the study has not been rerun on this model yet: no "
+                    "star for the current setting.")
+    assert views.tradeoff_panel(app.BUNDLE, None)[1].endswith("has not been rerun on this model yet.")
+    request = session.parse_controls(app.BUNDLE, controls(method="COOL-SD", delta=2.0))
+    assert views.measured_run(app.BUNDLE, request) is None
+    monkeypatch.setattr(views, "load_bench", lambda bundle: {**shipped, "target_sha256": app.BUNDLE.weights_digest()})
+    assert views.measured_run(app.BUNDLE, request) is not None and views.tradeoff_panel(app.BUNDLE, None)[1] == ""
+
 def test_tradeoff_says_when_the_model_has_no_study():
     from coolsd.models.bundle import random_bundle
     bundle = random_bundle("tiny")
@@ -740,6 +761,20 @@ def test_every_tour_step_cites_the_shipped_study():
     assert f"Over the study's {len(pairs('residual'))} pairs" in texts[3]
     assert f"tau {RUNS['eagle @ tree:eagle25']['tau']:.2f} for Eagle-1 on tree:eagle25" in texts[4]
 
+
+
+def test_the_tour_says_which_model_its_study_measured(tmp_path):
+    """The study's recorded target weights against the shipped ones: the same file is "the shipped model";
+    another (a retrained default model, its study not rerun yet) names the earlier model's shape instead."""
+    weights = tmp_path / "target.safetensors"
+    weights.write_bytes(b"weights")
+    import hashlib
+    same = {**STUDY, "target_sha256": hashlib.sha256(b"weights").hexdigest()}
+    assert tour.study_facts(same, weights)["study_model"] == "the shipped model"
+    other = {**STUDY, "target_sha256": "0" * 64, "model_shape": {"n_layer": 8, "dim": 192}}
+    text = tour.step_text(tour.STEPS[0], tour.study_facts(other, weights))
+    assert ("In our study (1,000 images of the previous default model (8 layers of width 192): the study has not "
+            "been rerun on the shipped one yet), AR minus Eagle-1") in text
 
 def test_the_tours_claims_are_what_the_study_measured():
     """What the steps say in words, checked against the study independently of the code that fills them in."""

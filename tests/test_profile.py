@@ -72,6 +72,19 @@ def test_matmul_seconds_replays_exactly_the_linear_calls_of_a_step():
     assert result["matmul_calls"] == 2 and result["matmul_s"] > 0 and len(ran) == 1
 
 
+
+def test_operation_count_counts_every_dispatched_operation_once():
+    """Three arithmetic operations and a view are four ATen operations; a matrix product through ``Linear`` is one
+    more (``linear`` dispatches as itself or its decomposition, counted as the dispatcher sees it)."""
+    from coolsd.cli.profile import operation_count
+
+    x = torch.randn(4, 3)
+    assert operation_count(lambda: ((x + 1) * 2 - 3).view(12)) == 4
+    assert operation_count(lambda: None) == 0
+    with torch.inference_mode():
+        layer = torch.nn.Linear(3, 2, bias=False)
+        assert operation_count(lambda: layer(x)) == operation_count(lambda: torch.nn.functional.linear(x, layer.weight))
+
 def test_random_init_offers_llamagen_shapes_read_without_weights():
     """``--random-init`` at the paper's shapes (for ``--profile``): the text XL shape is LlamaGen's stage I model
     and is checked before any weight is built."""

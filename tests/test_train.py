@@ -112,6 +112,34 @@ def test_target_shape_is_chosen_then_recorded_and_read_back():
     assert target_config(None, log) == CONFIGS["fashion-deep"] and target_config("fashion", log) == TARGET_CONFIG
 
 
+
+def test_export_writes_a_drafter_only_when_its_stage_ran(tmp_path):
+    """Without the drafter stage's weights, export writes a target-only bundle (what the general drafter trainer
+    self-distils from); with them, the bundle carries that drafter."""
+    from coolsd.models.bundle import load_bundle
+    from coolsd.models.eagle import Drafter
+    from coolsd.models.gpt import Transformer
+    from coolsd.toy.judge import save_judge
+    from coolsd.toy.train import export
+    from coolsd.toy.vq import VQModel, save_tokenizer
+
+    cfg = ModelConfig(vocab_size=512, dim=32, n_layer=2, n_head=2, num_classes=10, grid_height=8, grid_width=8,
+                      multiple_of=16)
+    torch.manual_seed(0)
+    save_tokenizer(VQModel(VQConfig()), tmp_path)
+    judge = Judge()
+    save_judge(judge, reference_statistics(judge, synthetic_images(16)[0]), tmp_path)
+    target = Transformer(cfg)
+    torch.save(target.state_dict(), tmp_path / "target.pt")
+    export(tmp_path, tmp_path / "alone", cfg)
+    alone = load_bundle(tmp_path / "alone")
+    assert alone.drafter is None and not (tmp_path / "alone" / "drafter.safetensors").exists()
+    assert torch.equal(alone.target.output.weight, target.output.weight)
+    drafter = Drafter(cfg)
+    torch.save(drafter.state_dict(), tmp_path / "drafter.pt")
+    export(tmp_path, tmp_path / "both", cfg)
+    assert torch.equal(load_bundle(tmp_path / "both").drafter.fc.weight, drafter.fc.weight)
+
 # --- the command line: python -m coolsd.train ----------------------------------------------------------------
 
 def shown(text: str) -> str:

@@ -10,8 +10,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models.bundle import DEFAULT_MODEL
-from .views import plain
+from ..models.bundle import DEFAULT_MODEL, file_digest
+from .views import plain, shape_words
 
 STUDY = DEFAULT_MODEL / "bench_results.json"
 CHAIN, TREE = "chain:5", "tree:eagle25"
@@ -34,7 +34,7 @@ STEPS = (
     TourStep("1. Eagle-1 is lossless", {"method": "Eagle-1 (lossless)", "draft": CHAIN}, (
         "Eagle-1 keeps a drafted token with probability `min(1, p/q)` and resamples a rejection from "
         "`Norm([p - q]_+)`, so its images follow exactly the target's distribution: both images are the same "
-        "run, and the relaxation cost is 0. In our study (1,000 images of the shipped model), AR minus Eagle-1 "
+        "run, and the relaxation cost is 0. In our study (1,000 images of {study_model}), AR minus Eagle-1 "
         "on chain:5 is {ar_ll} in log-likelihood per token, {ar_fid} in FID and {ar_acc} in class "
         "consistency: every 95% interval contains 0 (in the **Trade-off** tab the AR point's interval crosses "
         "the zero line). Yet Eagle-1 emits {eagle_tau} tokens per target forward, {eagle_speedup} AR's speed.")),
@@ -108,9 +108,25 @@ def comparison_facts(study: dict, aspect: str, name: str, a: str, b: str) -> dic
     return facts
 
 
-def study_facts(study: dict) -> dict[str, str]:
-    """Every number the steps cite, read from a study's results (an absent one reads "(not in the study)")."""
+def study_model(study: dict, weights: Path = DEFAULT_MODEL / "target.safetensors") -> str:
+    """Which model the study measured, in words: the shipped one, or (its recorded weights being other than the
+    shipped ones) the earlier model it was made with, until the study is rerun."""
+    recorded = study.get("target_sha256")
+    if not recorded or not weights.is_file():
+        return "the shipped model"
+    stat = weights.stat()
+    if file_digest(weights.resolve(), stat.st_size, stat.st_mtime_ns) == recorded:
+        return "the shipped model"
+    shape = study.get("model_shape")
+    return (f"the previous default model{f' ({shape_words(shape)})' if shape else ''}: the study has not been "
+            "rerun on the shipped one yet")
+
+
+def study_facts(study: dict, weights: Path = DEFAULT_MODEL / "target.safetensors") -> dict[str, str]:
+    """Every number the steps cite, read from a study's results (an absent one reads "(not in the study)"), and
+    which model it measured (``study_model``, against the shipped ``weights``)."""
     facts: defaultdict[str, str] = defaultdict(lambda: "(not in the study)")
+    facts["study_model"] = study_model(study, weights)
     try:
         runs = {run["label"]: run for run in study["runs"]}
         for name, label in (("ar", "ar"), ("eagle", f"eagle @ {CHAIN}"), ("eagle_tree", f"eagle @ {TREE}"),

@@ -301,11 +301,28 @@ def _read_bench(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def shape_words(shape: dict | None) -> str:
+    """A target's shape as a reader says it: ``32 layers of width 96``."""
+    return f"{shape['n_layer']} layers of width {shape['dim']}" if shape else "another shape"
+
+
+def other_model(bundle: Bundle, bench: dict) -> str | None:
+    """Why the shipped benchmark's points are not this model's (another name, or the same name with other weights:
+    a retrained model whose study has not been rerun), or None when they are."""
+    if bench.get("model") != bundle.name:
+        return f"model {bench.get('model')!r}, not {bundle.name!r}"
+    recorded, loaded = bench.get("target_sha256"), bundle.weights_digest()
+    if recorded and loaded and recorded != loaded:
+        return (f"an earlier model {bundle.name!r} ({shape_words(bench.get('model_shape'))}), not the one loaded "
+                f"({shape_words(bundle.config.to_dict())})")
+    return None
+
+
 def measured_run(bundle: Bundle, request: Request) -> dict | None:
-    """The benchmark run made with exactly this setting: same model, sampling, draft and rule parameters
-    (defaults filled in), or None when the benchmark did not measure it."""
+    """The benchmark run made with exactly this setting: same model (and weights), sampling, draft and rule
+    parameters (defaults filled in), or None when the benchmark did not measure it."""
     bench = load_bench(bundle)
-    if bench.get("model") != bundle.name or bench.get("sampling") != request.sampling.to_dict():
+    if other_model(bundle, bench) or bench.get("sampling") != request.sampling.to_dict():
         return None
     wanted = request.rule.params()
     for run in bench.get("runs", []):
@@ -349,8 +366,9 @@ def off_grid(bundle: Bundle, request: Request) -> str:
     """Why the benchmark did not measure this setting: another model, other sampling, or a setting off its grid."""
     bench = load_bench(bundle)
     kind = "study" if plots.is_study(bench.get("runs", [])) else "benchmark"
-    if bench.get("model") != bundle.name:
-        return f"the shipped {kind} was made with model {bench.get('model')!r}, not {bundle.name!r}"
+    other = other_model(bundle, bench)
+    if other:
+        return f"the shipped {kind} was made with {other}"
     ran, now = bench.get("sampling") or {}, request.sampling.to_dict()
     changed = [f"{key} {now.get(key)} ({kind}: {ran.get(key)})" for key in sorted(set(ran) | set(now))
                if ran.get(key) != now.get(key)]
@@ -390,6 +408,10 @@ def tradeoff_panel(bundle: Bundle, result: Comparison | None, metric: str | None
     study = plots.is_study(runs)
     metric = metric or default_metric(bundle)
     current, note = _star(bundle, result, metric, study)
+    other = other_model(bundle, bench)
+    if other and bench.get("model") == bundle.name:  # a retrained model: say so, with or without a generation
+        note = (f"These points were measured on {other}; the study has not been rerun on this model yet"
+                + (": no star for the current setting." if result else "."))
     try:
         if study:
             return plots.study_quality(bench, metric, current, families=families, narrow=narrow), note

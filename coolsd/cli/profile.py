@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core.decode import (
     Workspace,
@@ -52,8 +53,28 @@ def timed(step: Callable[[], object], repeats: int, warmup: int, device: torch.d
     part = {"median_s": statistics.median(seconds), "iqr_s": [float(np.percentile(seconds, q)) for q in (25, 75)],
             "repeats": repeats}
     if device.type == "cpu":
-        part.update(matmul_seconds(step, repeats))
+        part.update(matmul_seconds(step, repeats), operations=operation_count(step))
     return part
+
+
+class OperationCount(TorchDispatchMode):
+    """Counts the ATen operations dispatched inside it (views included): what a part costs in per-operation work,
+    a figure that does not depend on the machine's speed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def operation_count(step: Callable[[], object]) -> int:
+    """The ATen operations one call of ``step`` dispatches."""
+    with OperationCount() as counted:
+        step()
+    return counted.count
 
 
 class LinearCalls(TorchFunctionMode):
@@ -399,11 +420,12 @@ def format_profile(result: dict) -> str:
     matmuls = "matmul_s" in result["parts"]["ar_step"]
     lines = [f"### Profile: {result['model']} on {result['device']} ({result['dtype']}, steps {result['steps']}, "
              f"{result['threads']} CPU thread(s))", "", "| part (measured) | median ms | quartiles ms | / AR step |"
-             + (" in matmuls ms |" if matmuls else ""), "|---|---|---|---|" + ("---|" if matmuls else "")]
+             + (" in matmuls ms | operations |" if matmuls else ""), "|---|---|---|---|" + ("---|---|" if matmuls else "")]
     for name, part in result["parts"].items():
         low, high = part["iqr_s"]
         lines.append(f"| {name} | {1000 * part['median_s']:.3f} | {1000 * low:.3f}-{1000 * high:.3f} | "
-                     f"{part['median_s'] / ar:.2f} |" + (f" {1000 * part['matmul_s']:.3f} |" if matmuls else ""))
+                     f"{part['median_s'] / ar:.2f} |" + (f" {1000 * part['matmul_s']:.3f} | {part['operations']} |"
+                                                         if matmuls else ""))
     taus = " | ".join(f"implied at tau {t}" for t in PAPER_TAUS.values())
     lines += ["", f"| draft | round / AR step | {taus} |", "|---" * (2 + len(PAPER_TAUS)) + "|"]
     for spec, row in result["implied"].items():

@@ -40,7 +40,7 @@ from .rules import AcceptanceRule
 from .sampling import SamplingConfig, probabilities, sample
 from .sources import DraftSource, DrafterSource, gather_rows
 from .sources import causal_mask as causal
-from .stats import FIRST, RECORD_GROUPS, GenerationStats, Round, Timer, add_rounds, record_widths
+from .stats import FIRST, GenerationStats, Round, Timer, add_rounds, record_widths
 from .trees import DraftTree
 from .verify import TARGET_CODE, Verdict, distributions, walk
 
@@ -99,13 +99,13 @@ class Workspace:
         self.hidden = self.logits = None  # the last verification forward's features and logits
         widths = record_widths(nodes, len(tree.inner_nodes), tree.depth)
         self.records = torch.zeros(batch, images, sum(widths.values()), dtype=torch.float64, device=device)
-        self.row = torch.zeros(batch, self.records.shape[2], dtype=torch.float64, device=device)  # this round's
-        bounds = dict(zip(widths, np.cumsum([0, *widths.values()])))
-        self.groups = [record_view(self.row, bounds[group[0]], len(group), widths[group[0]])
-                       for group in RECORD_GROUPS]  # each group's fields, shaped as the round writes them
-        if not tree.size:  # an AR step's record: one kept root, its token drawn from the target
-            for name, value in (("count", 1), ("origin", TARGET_CODE), ("valid", 1), ("on_path", 1)):
-                self.row[:, bounds[name]].fill_(value)
+        # an AR step's record: its start and token (written per round) beside constants (one kept root, its token
+        # drawn from the target); a speculative round writes its whole row at once (record)
+        self.row = torch.zeros(batch, self.records.shape[2], dtype=torch.float64, device=device)
+        bounds = dict(zip(widths, np.cumsum([0, *widths.values()]).tolist()))
+        self.row_start, self.row_emitted = self.row[:, :1], self.row[:, bounds["emitted"]:bounds["emitted"] + 1]
+        for name, value in (("count", 1), ("origin", TARGET_CODE), ("valid", 1), ("on_path", 1)):
+            self.row[:, bounds[name]].fill_(value)
         shape = (batch, images, window, target.vocab_size)
         self.captured = (torch.zeros(shape, device=device), torch.zeros(shape, device=device)) if capture else None
 
@@ -222,27 +222,20 @@ def accept(ws: Workspace) -> None:
         ws.source.observe(ws, verdict, p, count)
 
 
-def record_view(row: Tensor, start: int, fields: int, width: int) -> Tensor:
-    """The part of the record rows (B, W) where ``fields`` fields of ``width`` start at ``start``: (B, width)
-    for one field, (B, fields) for several scalars, else (B, fields, width)."""
-    part = row[:, start:start + fields * width]
-    return part if fields == 1 or width == 1 else part.view(len(row), fields, width)
-
-
 def record(ws: Workspace, verdict: Verdict, valid: Tensor, count: Tensor) -> None:
-    """This round's record into each image's next row of ``ws.records``, group by group (RECORD_GROUPS); an AR
-    step writes its start and token (its other fields are constants, set once). A finished image's row lands
+    """This round's record into each image's next row of ``ws.records``: a speculative round's fields in
+    RECORD_FIELDS' order, concatenated in one operation (promoted to float64, which holds token ids exactly); an
+    AR step writes its start and token (its other fields are constants, set once). A finished image's row lands
     past its last round, where nothing reads it."""
     if ws.tree.size:
-        groups = (torch.stack([ws.n, count, verdict.origin], 1), verdict.emitted, ws.node_tokens, ws.node_origin,
-                  torch.stack([valid, verdict.accepted, verdict.tested, verdict.on_path], 1),
-                  torch.stack([verdict.accept_prob, verdict.cost], 1), verdict.level_prob)
-        for view, value in zip(ws.groups, groups):
-            view.copy_(value)
+        row = torch.cat([ws.n[:, None], count[:, None], verdict.origin[:, None], verdict.emitted, ws.node_tokens,
+                         ws.node_origin, valid, verdict.accepted, verdict.tested, verdict.on_path,
+                         verdict.accept_prob, verdict.cost, verdict.level_prob], 1)
     else:
-        ws.groups[0][:, :1].copy_(ws.n[:, None])
-        ws.groups[1].copy_(verdict.emitted)
-    ws.records.index_put_((ws.image_range, ws.rounds), ws.row)
+        ws.row_start.copy_(ws.n[:, None])
+        ws.row_emitted.copy_(verdict.emitted)
+        row = ws.row
+    ws.records.index_put_((ws.image_range, ws.rounds), row)
 
 
 def rounds_needed(remaining: int, depth: int) -> int:

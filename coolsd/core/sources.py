@@ -70,9 +70,12 @@ class DrafterSource(DraftSource):
                              "(e.g. --draft jacobi:16) is available")
         self.drafter, window = drafter, tree.depth + 1
         self.cache = drafter.new_cache(ws.rows, ws.max_len, batch)
-        # each level's exponential races (float32, as the draft distributions), for the next round's drafting
-        self.races = [torch.zeros(batch, len(level["distinct"]), vocab, device=device) for level in tree.level_draws]
-        self.randoms = [(races, "exponential") for races in self.races]
+        # each level's exponential races (float32, as the draft distributions), for the next round's drafting:
+        # views of one buffer, levels in order, so a round draws them all in one call per image
+        widths = [len(level["distinct"]) for level in tree.level_draws]
+        races = torch.zeros(batch, sum(widths), vocab, device=device)
+        self.races = list(races.split(widths, dim=1))
+        self.randoms = [(races, "exponential")]
         # the (input, feature) pairs the drafter has not seen: the last round's kept nodes and emitted tokens
         self.pending_count = torch.zeros(batch, dtype=torch.long, device=device)
         self.pending_tokens = torch.zeros(batch, window, dtype=torch.long, device=device)

@@ -59,8 +59,6 @@ class Round:
 # exact in float64). The fields, with their lengths for N tree nodes (root included), I inner nodes and depth D.
 RECORD_FIELDS = ("start", "count", "origin", "emitted", "drafted", "source", "valid", "accepted", "tested", "on_path",
                  "accept_prob", "cost", "level_prob")
-RECORD_GROUPS = (("start", "count", "origin"), ("emitted",), ("drafted",), ("source",), ("valid", "accepted", "tested", "on_path"),
-                 ("accept_prob", "cost"), ("level_prob",))  # fields of one shape, written together
 
 
 def record_widths(nodes: int, inner: int, depth: int) -> dict[str, int]:

@@ -3,6 +3,8 @@ metrics. One call loads it on CPU or CUDA; weights are safetensors."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -87,6 +89,12 @@ def neighbour_table(codebook: Tensor, count: int) -> np.ndarray:
     return table
 
 
+@functools.cache
+def file_digest(path: Path, size: int, modified_ns: int) -> str:
+    """A file's sha256, computed once per (path, size, modification time)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 @dataclass
 class Bundle:
     """Everything a generation needs. ``decoder`` turns tokens into an RGB picture (default: each token's code
@@ -131,6 +139,16 @@ class Bundle:
             cached = neighbour_table(self.codebook, max(count, NEIGHBOURS_KEPT))
             self._neighbours["table"] = cached
         return cached[:, :count]
+
+    def weights_digest(self) -> str | None:
+        """The sha256 of the target's weights file in the bundle's directory (None for one built in memory or
+        loaded from elsewhere): what a shipped study records, so that a retrained model of the same name does not
+        pass for the one it measured."""
+        weights = self.path / "target.safetensors" if self.path is not None else None
+        if weights is None or not weights.exists():
+            return None
+        stat = weights.stat()
+        return file_digest(weights.resolve(), stat.st_size, stat.st_mtime_ns)
 
     @torch.inference_mode()
     def embeddings(self) -> Tensor:

@@ -34,6 +34,8 @@ class KVCache:
         shape = (n_layer, rows, n_head, max_len, head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # each layer's part, as views made once: a forward's per-layer writes and reads then index nothing more
+        self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
         self.length = 0
         self.valid: Tensor | None = None
 
@@ -50,9 +52,10 @@ class KVCache:
         end = start + k.shape[2]
         if end > self.keys.shape[3]:
             raise ValueError(f"KV cache overflow: need {end} slots, have {self.keys.shape[3]}")
-        self.keys[layer, :, :, start:end] = k
-        self.values[layer, :, :, start:end] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        keys, values = self.layer_keys[layer], self.layer_values[layer]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        return keys[:, :, :end], values[:, :, :end]
 
     def attention_mask(self, pending_mask: Tensor | None, length: int, offset: int = 0) -> Tensor | None:
         """What ``length`` new positions, written at ``offset`` in the pending area, see: every committed entry,
@@ -152,9 +155,10 @@ class StaticKVCache(KVCache):
     def write(self, layer: int, k: Tensor, v: Tensor, offset: int) -> tuple[Tensor, Tensor]:
         rows, heads, length, dim = k.shape
         slots = self.slots(offset, length)[:, None, :, None].expand(rows, heads, length, dim)
-        self.keys[layer].scatter_(2, slots, k)
-        self.values[layer].scatter_(2, slots, v)
-        return self.keys[layer], self.values[layer]
+        keys, values = self.layer_keys[layer], self.layer_values[layer]
+        keys.scatter_(2, slots, k)
+        values.scatter_(2, slots, v)
+        return keys, values
 
     def attention_mask(self, pending_mask: Tensor | None, length: int, offset: int = 0) -> Tensor:
         """The same visibility as :meth:`KVCache.attention_mask` for each row, over all ``max_len`` keys

@@ -13,6 +13,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -93,7 +94,7 @@ derived from it and are shipped under the same MIT licence.
 | tokenizer | VQ autoencoder, 28x28 padded to 32x32, 8x8 codes from an L2-normalised codebook of {vocab} | {p_tok:,} |
 | target | LlamaGen-style decoder: {layers} layers, width {dim}, {heads} heads, 2-D RoPE, class token + "no class" row | {p_target:,} |
 | drafter | Eagle-1 head: `fc(2h -> h)` + one decoder layer + the target's frozen output head | {p_drafter:,} |
-
+{shape_section}
 ## Training (`python -m coolsd.train <stage>`, then `export`)
 
 | stage | steps x batch | time on this machine | result |
@@ -103,7 +104,7 @@ derived from it and are shipped under the same MIT licence.
 | target | {target_steps} x 64 | {t_target} | final cross-entropy {target_loss:.3f} nats/token |
 | drafter | {drafter_steps} x {drafter_batch} | {t_drafter} | final loss {drafter_loss:.3f} (SmoothL1 + 0.1 soft CE) |
 
-Label dropout 0.1 for the target; AdamW, warm-up then cosine decay. The drafter was trained by the general
+{reused}Label dropout 0.1 for the target; AdamW, warm-up then cosine decay. The drafter was trained by the general
 drafter trainer (`python -m coolsd.train drafter --model ...`) on {drafter_images} images the target sampled
 itself (both CFG rows recorded, 10% of rows unconditional); its time includes generating them.
 
@@ -122,7 +123,7 @@ Sampling settings (the bundle's defaults): CFG scale {cfg}, temperature {tempera
 | one target forward, verification of a chain:5 round (6 new tokens) | {t_fwd6:.2f} ms |
 | one drafter step (forward, head, sampling) | {t_draft:.2f} ms |
 | image latency, median: AR / Eagle-1 chain:5 | {lat_ar:.0f} ms / {lat_eagle:.0f} ms |
-
+{round_rows}
 `tau` counts the prefill as a round, so AR has exactly 1. FID in a 128-d feature space with a few hundred
 or thousand samples is biased upwards; compare it only with the real-image row measured the same way.
 
@@ -130,9 +131,7 @@ or thousand samples is biased upwards; compare it only with the real-image row m
 
 ```bash
 apt-get install -y dataset-fashion-mnist
-for stage in judge tokenizer target drafter export; do python -m coolsd.train $stage; done
-{drafter_command}
-cp runs/drafter-fashion/drafter.safetensors assets/fashion/  # the self-distilled drafter replaces the stage's
+{recipe}
 python -m coolsd.card --samples-per-class 100 --eagle-images 200
 python -m torch.distributed.run --standalone --nproc_per_node 2 -m coolsd.bench --preset paper --images 1000 \\
   --latency-images 200 --work runs/paper --threads 1 --out assets/fashion/bench_results.json \\
@@ -145,13 +144,66 @@ def format_minutes(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds / 60:.0f} min"
 
 
+# The recipe of a model trained stage by stage, its drafter self-distilled afterwards (training logs without a
+# recipe of their own: the earlier default model's).
+STAGE_RECIPE = ("for stage in judge tokenizer target drafter export; do python -m coolsd.train $stage; done\n"
+                "{drafter_command}\n"
+                "cp runs/drafter-fashion/drafter.safetensors assets/fashion/  # the self-distilled drafter replaces "
+                "the stage's")
+
+
+def drafter_row(log: dict, record: dict) -> dict:
+    """The drafter's training row: from the general trainer's record when it trained the shipped drafter, else
+    from the drafter stage's log."""
+    if record.get("steps"):
+        seconds = record.get("seconds_this_process", {})  # generating the data and training (not the report)
+        return {"steps": record["steps"], "batch": record["settings"]["batch"], "loss": record["loss_last_50"],
+                "images": record["settings"]["images"],
+                "seconds": seconds["data"] + seconds["training"] if seconds else None}
+    stage = log.get("drafter", {})
+    return {"steps": stage.get("steps"), "batch": stage.get("batch", 64), "loss": stage.get("final_loss", float("nan")),
+            "images": stage.get("images", 0), "seconds": log.get("seconds", {}).get("drafter")}
+
+
+def shape_section(choice: dict | None) -> str:
+    """Why the target has its shape: what each shape measured when it was chosen (a list in ``config.json``'s
+    ``shape_choice``, each with the commands that measured it); nothing when the bundle records no choice."""
+    if not choice:
+        return ""
+    rows = "\n".join(f"| {row['shape']} | {row['parameters']:,} | {row['measured']} |" for row in choice["shapes"])
+    commands = "\n".join(choice["commands"])
+    return (f"\n## Why this shape\n\n{choice['why']}\n\n| target shape | parameters | measured |\n|---|---|---|\n"
+            f"{rows}\n\nMeasured with:\n\n```bash\n{commands}\n```\n")
+
+
+def round_rows(parts: dict | None) -> str:
+    """The card's rows for what a chain:5 round costs by phase, in AR steps (the profile's medians)."""
+    if not parts:
+        return ""
+    ar = parts["ar_step"]["median_s"]
+    share = {name: parts[key]["median_s"] / ar for name, key in (
+        ("verification", "verify chain:5"), ("acceptance", "acceptance chain:5"), ("drafting", "drafting chain:5"),
+        ("level", "drafter_level"), ("round", "round chain:5"))}
+    repeats = parts["ar_step"]["repeats"]
+    return (f"| a chain:5 round from a mid-image state, in AR steps (median of {repeats} repeats; AR step "
+            f"{1000 * ar:.2f} ms) | **{share['round']:.2f}**: verification {share['verification']:.2f}, drafting "
+            f"{share['drafting']:.2f} (a drafter level {share['level']:.3f}), acceptance {share['acceptance']:.2f} |\n")
+
+
 def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
     """The model card, every number taken from ``metrics`` and the training log in ``config.json``."""
     log = bundle.info.get("training", {})
     seconds = log.get("seconds", {})
     tok = log.get("tokenizer", {})
     cfg, steps = bundle.config, metrics["step_seconds"]
+    record = bundle.info.get("drafter_training", {})
+    drafter = drafter_row(log, record)
+    command = record.get("command", "python -m coolsd.train drafter")
+    reused = log.get("reused")
     text = CARD.format(
+        shape_section=shape_section(bundle.info.get("shape_choice")), round_rows=round_rows(metrics.get("round")),
+        reused=f"{reused}\n\n" if reused else "",
+        recipe=log.get("recipe", STAGE_RECIPE).format(drafter_command=command),
         processor=metrics["machine"]["processor"], threads=metrics["machine"]["threads"],
         classes=", ".join(bundle.class_names), p_judge=metrics["parameters"]["judge"],
         p_tok=metrics["parameters"]["tokenizer"], p_target=metrics["parameters"]["target"],
@@ -162,10 +214,8 @@ def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
         acc_orig=tok.get("judge_accuracy_original", float("nan")), ratio=tok.get("ratio", float("nan")),
         codes=tok.get("codes_used_10k_train"), target_steps=log.get("target", {}).get("steps"),
         t_target=format_minutes(seconds.get("target")), target_loss=log.get("target", {}).get("final_loss", float("nan")),
-        drafter_steps=log.get("drafter", {}).get("steps"), t_drafter=format_minutes(seconds.get("drafter")),
-        drafter_batch=log.get("drafter", {}).get("batch", 64), drafter_images=f"{log.get('drafter', {}).get('images', 0):,}",
-        drafter_command=bundle.info.get("drafter_training", {}).get("command", "python -m coolsd.train drafter"),
-        drafter_loss=log.get("drafter", {}).get("final_loss", float("nan")), **bundle.sampling.to_dict(),
+        drafter_steps=drafter["steps"], t_drafter=format_minutes(drafter["seconds"]), drafter_batch=drafter["batch"],
+        drafter_images=f"{drafter['images']:,}", drafter_loss=drafter["loss"], **bundle.sampling.to_dict(),
         cfg=bundle.sampling.cfg_scale, ar_n=metrics["ar"]["images"],
         per_class=metrics["ar"]["images"] // cfg.num_classes, ar_acc=metrics["ar"]["judge_accuracy"],
         per_class_acc=", ".join(f"{a:.0%}" for a in metrics["ar"]["judge_accuracy_per_class"]),
@@ -177,12 +227,15 @@ def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
     (path / "README.md").write_text(text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, round_profile: Callable[[Bundle, int], dict] | None = None) -> int:
+    """Measure and write the card; ``round_profile(bundle, repeats)`` (the command line's profiler, which this
+    package does not import) times a round's phases for the card's round row."""
     parser = argparse.ArgumentParser(prog="python -m coolsd.card", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--samples-per-class", type=int, default=100)
     parser.add_argument("--eagle-images", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--round-repeats", type=int, default=30, help="timed repeats of each part of a round")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -205,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         "eagle_chain5": {"images": len(eagle_stats), "tau": float(np.mean([s.tau for s in eagle_stats])),
                          "latency_median_s": statistics.median(s.seconds["total"] for s in eagle_stats)},
         "step_seconds": step_times(ar_stats, eagle_stats),
+        "round": round_profile(bundle, args.round_repeats) if round_profile is not None else None,
         "parameters": {"target": parameter_count(bundle.target), "drafter": parameter_count(bundle.drafter),
                        "tokenizer": parameter_count(bundle.decoder.model), "judge": parameter_count(bundle.quality.judge)},
         "machine": {"processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),

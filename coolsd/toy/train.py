@@ -302,7 +302,8 @@ STAGE_HELP = {  # one line each, for the help
     "tokenizer": "VQ autoencoder (needs the judge: its features are a perceptual loss)",
     "target": "class-conditional LlamaGen-style transformer on the VQ codes",
     "drafter": "Eagle-1 head on the target's features of the training images",
-    "export": "write the bundle (safetensors + JSON) to --out, default the shipped model's folder",
+    "export": "write the bundle (safetensors + JSON) to --out, default the shipped model's folder (without a "
+              "drafter if its stage has not run)",
     "codes": "tokenize the training set with the work folder's tokenizer (to train another target on its codes)",
 }
 
@@ -399,9 +400,11 @@ def trained(model_class: type[Transformer] | type[Drafter], path: Path, config: 
 
 
 def export(work: Path, out: Path, config: ModelConfig = TARGET_CONFIG) -> Bundle:
-    """Assemble the trained stages into a bundle directory (weights as safetensors)."""
+    """Assemble the trained stages into a bundle directory (weights as safetensors). Without the drafter stage's
+    weights the bundle has no drafter: a target for the general drafter trainer to self-distil one for."""
     tokenizer, judge = load_tokenizer(work), load_judge(work)
-    bundle = Bundle(trained(Transformer, work / "target.pt", config), trained(Drafter, work / "drafter.pt", config),
+    drafter = trained(Drafter, work / "drafter.pt", config) if (work / "drafter.pt").exists() else None
+    bundle = Bundle(trained(Transformer, work / "target.pt", config), drafter,
                     tokenizer.quantize.codebook.detach().clone(), name="fashion", class_names=CLASS_NAMES,
                     sampling=DEFAULT_SAMPLING)
     save_bundle(bundle, out, extra={"training": read_log(work)})
