@@ -64,14 +64,15 @@ def probabilities(logits: Tensor, cfg: SamplingConfig, allowed: Tensor | None = 
 
 def draw_without_replacement(probs: Tensor, k: int, races: Tensor) -> tuple[Tensor, Tensor]:
     """Draw ``k`` tokens per row without replacement, in draw order, from ``races``: Exp(1) draws of ``probs``'
-    shape, made beforehand by whoever owns the random stream.
+    shape, made beforehand by whoever owns the random stream. Returns the tokens and their race values.
 
     Exponential races (equivalent to Gumbel-top-k): the order of ``q / E`` with ``E ~ Exp(1)`` is a sequential
-    draw without replacement from ``q``. A row with fewer than ``k`` tokens of nonzero probability marks the
-    rest invalid.
+    draw without replacement from ``q``. A row with fewer than ``k`` tokens of nonzero probability has race
+    values of 0 for the rest: those draws are not real tokens (a caller drawing one token per row always gets a
+    real one, and need not look).
     """
     top = torch.topk(probs / races, k, dim=-1)
-    return top.indices, top.values > 0
+    return top.indices, top.values
 
 
 def sample(probs: Tensor, uniforms: Tensor) -> Tensor:

@@ -137,9 +137,13 @@ class DrafterSource(DraftSource):
             allowed = level_allowed[:, depth - 1:depth] if level_allowed is not None else None
             q_level = ws.guided(target.logits(features[:, level["distinct"]]), allowed)  # (B, parents, V)
             ws.q[:, level["distinct_inner"]] = q_level
-            drawn, drawn_valid = draw_without_replacement(q_level, level["width"], self.races[depth - 1])
+            drawn, races = draw_without_replacement(q_level, level["width"], self.races[depth - 1])
             tokens[:, nodes.start:nodes.stop] = drawn.flatten(1)[:, level["drawn"]]
-            valid[:, nodes.start:nodes.stop] = drawn_valid.flatten(1)[:, level["drawn"]] & valid[:, level["parents"]]
+            if level["width"] == 1:  # one draw per parent always finds a token (a row of q has mass somewhere)
+                valid[:, nodes.start:nodes.stop] = valid[:, level["parents"]]
+            else:
+                drawn_valid = races.flatten(1)[:, level["drawn"]] > 0
+                valid[:, nodes.start:nodes.stop] = drawn_valid & valid[:, level["parents"]]
             if depth < levels:
                 embeds = ws.per_row(drafter.embed(tokens[:, nodes.start:nodes.stop]))
                 positions = ws.row_positions(level_positions[:, depth - 1:depth].expand(-1, len(nodes)))
