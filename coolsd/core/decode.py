@@ -224,13 +224,14 @@ def accept(ws: Workspace) -> None:
 
 def record(ws: Workspace, verdict: Verdict, valid: Tensor, count: Tensor) -> None:
     """This round's record into each image's next row of ``ws.records``: a speculative round's fields in
-    RECORD_FIELDS' order, concatenated in one operation (promoted to float64, which holds token ids exactly); an
+    RECORD_FIELDS' order, concatenated in one operation and stored as float64 (which holds token ids exactly; the
+    probabilities are float32 where the acceptance runs in float32, as on CUDA); an
     AR step writes its start and token (its other fields are constants, set once). A finished image's row lands
     past its last round, where nothing reads it."""
     if ws.tree.size:
         row = torch.cat([ws.n[:, None], count[:, None], verdict.origin[:, None], verdict.emitted, ws.node_tokens,
                          ws.node_origin, valid, verdict.accepted, verdict.tested, verdict.on_path,
-                         verdict.accept_prob, verdict.cost, verdict.level_prob], 1)
+                         verdict.accept_prob, verdict.cost, verdict.level_prob], 1).to(ws.records.dtype)
     else:
         ws.row_start.copy_(ws.n[:, None])
         ws.row_emitted.copy_(verdict.emitted)
