@@ -46,14 +46,18 @@ PAPER_TAUS = {"Eagle-1": 2.42, "LANTERN++": 2.67, "COOL-SD delta=1.1": 2.73, "CO
 DRAFTS = ("chain:5", "tree:eagle25", "tree:wide57")
 
 
-def timed(step: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> dict:
+def timed(step: Callable[[], object], repeats: int, warmup: int, device: torch.device,
+          count_operations: bool = True) -> dict:
     """Median and quartiles (seconds) of ``step`` over ``repeats`` runs after ``warmup`` untimed ones; on a CPU
-    also the seconds its weight matrix multiplies take alone (:func:`matmul_seconds`)."""
+    also the seconds its weight matrix multiplies take alone (:func:`matmul_seconds`) and, unless told not to
+    (a ``torch.compile``-d step cannot run under the counting mode), its ATen operations."""
     seconds = time_calls(step, repeats, warmup, device)
     part = {"median_s": statistics.median(seconds), "iqr_s": [float(np.percentile(seconds, q)) for q in (25, 75)],
             "repeats": repeats}
     if device.type == "cpu":
-        part.update(matmul_seconds(step, repeats), operations=operation_count(step))
+        part.update(matmul_seconds(step, repeats))
+        if count_operations:
+            part["operations"] = operation_count(step)
     return part
 
 
@@ -283,8 +287,8 @@ def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup:
     device = bundle.device
     cut = bundle.target.image_tokens // 2 - 2  # the trees must fit the half image left
 
-    def time(step: Callable[[], None]) -> dict:
-        return timed(step, repeats, warmup, device)
+    def time(step: Callable[[], None], steps: str = bundle.steps) -> dict:
+        return timed(step, repeats, warmup, device, count_operations=steps != "compiled")
 
     ar = Setting(bundle, sampling, DraftTree(()), seed=seed)
     parts = {"ar_step": time(ar.step("verification", verify_phase))}
@@ -293,7 +297,7 @@ def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup:
             if mode != bundle.steps:
                 other = bundle.with_steps(mode)
                 parts[f"ar_step [{mode}]"] = time(Setting(other, sampling, DraftTree(()), seed=seed).step(
-                    "verification", verify_phase))
+                    "verification", verify_phase), mode)
     for spec in DRAFTS:
         setting = Setting(bundle, sampling, parse_draft(spec).truncated(cut), seed=seed)
         parts[f"verify {spec}"] = time(setting.step("score", score))
@@ -424,8 +428,8 @@ def format_profile(result: dict) -> str:
     for name, part in result["parts"].items():
         low, high = part["iqr_s"]
         lines.append(f"| {name} | {1000 * part['median_s']:.3f} | {1000 * low:.3f}-{1000 * high:.3f} | "
-                     f"{part['median_s'] / ar:.2f} |" + (f" {1000 * part['matmul_s']:.3f} | {part['operations']} |"
-                                                         if matmuls else ""))
+                     f"{part['median_s'] / ar:.2f} |"
+                     + (f" {1000 * part['matmul_s']:.3f} | {part.get('operations', '-')} |" if matmuls else ""))
     taus = " | ".join(f"implied at tau {t}" for t in PAPER_TAUS.values())
     lines += ["", f"| draft | round / AR step | {taus} |", "|---" * (2 + len(PAPER_TAUS)) + "|"]
     for spec, row in result["implied"].items():
