@@ -83,3 +83,26 @@ def test_large_codebook_neighbours_are_cached_on_disk(tmp_path, monkeypatch):
     distances = torch.cdist(codebook[rows], codebook)
     distances[rows, rows] = float("inf")
     assert np.array_equal(first[:50], torch.topk(distances, 11, largest=False).indices.numpy())
+
+
+def test_a_cpu_bundle_keeps_its_weights_column_major_with_the_same_values_and_saves_them(bundle, tmp_path):
+    """On a CPU every linear weight is stored column-major (the layout the CPU's matrix multiply reads fastest):
+    the same values as the file's, a forward equal to the row-major one to float32 rounding, and a bundle that
+    saves and loads back unchanged."""
+    from safetensors.torch import load_file
+
+    from coolsd.models.bundle import save_bundle
+    stored = load_file(DEFAULT_MODEL / "target.safetensors")
+    linears = [(name, m) for name, m in bundle.target.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 5 * bundle.config.n_layer + 1
+    for name, module in linears:
+        assert module.weight.stride() == (1, module.weight.shape[0]), name
+        assert torch.equal(module.weight, stored[name + ".weight"]), name
+    x = torch.randn(2, 6, bundle.config.dim)
+    layer = bundle.target.layers[0].feed_forward.w1
+    row_major = layer.weight.contiguous()
+    assert row_major.stride(1) == 1
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, row_major), rtol=1e-5, atol=1e-6)
+    save_bundle(bundle, tmp_path)
+    again = load_file(tmp_path / "target.safetensors")
+    assert all(torch.equal(again[key], stored[key]) for key in stored)
