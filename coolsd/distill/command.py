@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", type=Path, default=None, help="a file of prompts, one a line (text models "
                         "need it)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=None, help="the target's weights while generating "
+                        "and training (default: bfloat16 on CUDA, else float32); float32 on a GPU trains for a "
+                        "target that will run in float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: $COOLSD_THREADS, "
                         "else 1)")
     for name in NUMBERS:
@@ -104,11 +107,16 @@ OPTION_HELP = {
 }
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 def load_target(args: argparse.Namespace) -> Bundle:
     set_threads(args.threads)
+    dtype = DTYPES[args.dtype] if args.dtype else None
     if args.random_init:
-        return random_bundle(args.random_init, device=args.device)
-    return load_bundle(args.model, device=args.device)
+        bundle = random_bundle(args.random_init, device=args.device)
+        return bundle.to(bundle.device, dtype) if dtype else bundle
+    return load_bundle(args.model, device=args.device, dtype=dtype)
 
 
 def read_prompts(bundle: Bundle, path: Path | None) -> list[str] | None:

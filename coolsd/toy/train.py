@@ -35,7 +35,7 @@ from .data import CLASS_NAMES, load_split, to_unit
 from .judge import Judge, load_judge, predict, reference_statistics, save_judge
 from .vq import VQConfig, VQModel, load_tokenizer, save_tokenizer
 
-TARGET_CONFIG = CONFIGS["fashion"]  # the shipped target's shape; its drafter is one layer of the same width
+TARGET_CONFIG = CONFIGS["fashion-deep"]  # the shipped target's shape; its drafter is one layer of the same width
 DEFAULT_SAMPLING = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=0, top_p=1.0)
 
 
@@ -78,7 +78,7 @@ def fit(name: str, model: nn.Module, loss_fn: Callable[[Tensor, int], Tensor], s
                                   betas=(0.9, 0.95), weight_decay=0.05)
     step, losses = 0, []
     if checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=True)
+        state = torch.load(checkpoint, weights_only=True, map_location=next(model.parameters()).device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, losses = state["step"], state["losses"]
@@ -170,21 +170,25 @@ def train_tokenizer(images: Tensor, judge: Judge, schedule: Schedule, cfg: VQCon
 
 @torch.no_grad()
 def tokenize(model: VQModel, images: Tensor, batch: int = 1000) -> Tensor:
-    """uint8 images (N, 28, 28) -> codes (N, H*W) in raster order."""
-    return torch.cat([model.encode(to_unit(images[i:i + batch])).flatten(1).cpu()
+    """uint8 images (N, 28, 28) -> codes (N, H*W) in raster order, on the CPU (the model may be elsewhere)."""
+    device = next(model.parameters()).device
+    return torch.cat([model.encode(to_unit(images[i:i + batch].to(device))).flatten(1).cpu()
                       for i in range(0, len(images), batch)])
 
 
 def train_target(tokens: Tensor, labels: Tensor, cfg: ModelConfig, schedule: Schedule,
-                 checkpoint: Path | None = None, progress: bool = True) -> tuple[Transformer, list[float]]:
-    """Next-token cross-entropy; the class is replaced by the "no class" row with probability 0.1."""
+                 checkpoint: Path | None = None, progress: bool = True, device: str = "cpu"
+                 ) -> tuple[Transformer, list[float]]:
+    """Next-token cross-entropy; the class is replaced by the "no class" row with probability 0.1. The model is
+    returned on ``device`` (float32 there too: a GPU only trains faster)."""
     torch.manual_seed(0)
-    model = Transformer(cfg)
-    positions = torch.arange(cfg.image_tokens)
+    model = Transformer(cfg).to(device)
+    tokens, labels, positions = tokens.to(device), labels.to(device), torch.arange(cfg.image_tokens, device=device)
 
     def loss_fn(index: Tensor, step: int) -> Tensor:
+        index = index.to(device)
         seq, cls = tokens[index], labels[index].clone()
-        cls[torch.rand(len(cls)) < cfg.class_dropout] = cfg.null_class
+        cls[torch.rand(len(cls), device=device) < cfg.class_dropout] = cfg.null_class
         logits = model.output(model(model.sequence_inputs(model.class_prefix(cls), seq), positions))
         return F.cross_entropy(logits.flatten(0, 1), seq.flatten())
 
@@ -235,6 +239,7 @@ class StageContext:
     train: tuple[Tensor, Tensor]
     test: tuple[Tensor, Tensor]
     config: ModelConfig = TARGET_CONFIG  # the target's shape
+    device: str = "cpu"  # where the target and codes stages compute
 
 
 def stage_judge(ctx: StageContext, log: dict) -> None:
@@ -267,15 +272,17 @@ def stage_tokenizer(ctx: StageContext, log: dict) -> None:
 def stage_target(ctx: StageContext, log: dict) -> None:
     """Train the target transformer on the tokenizer stage's codes."""
     tokens = torch.load(ctx.work / "train_tokens.pt", weights_only=True)
-    model, losses = train_target(tokens, ctx.train[1], ctx.config, ctx.schedule, ctx.work / "target.ckpt")
-    torch.save(model.state_dict(), ctx.work / "target.pt")
-    log["target"] = {"final_loss": recent_mean(losses), "steps": ctx.schedule.steps, "shape": ctx.config.to_dict()}
+    model, losses = train_target(tokens, ctx.train[1], ctx.config, ctx.schedule, ctx.work / "target.ckpt",
+                                 device=ctx.device)
+    torch.save(model.cpu().state_dict(), ctx.work / "target.pt")
+    log["target"] = {"final_loss": recent_mean(losses), "steps": ctx.schedule.steps, "shape": ctx.config.to_dict(),
+                     "device": device_words(ctx.device)}
 
 
 def stage_codes(ctx: StageContext, log: dict) -> None:
     """Tokenize the training set with the tokenizer already in the work folder (e.g. copied from a bundle, to
     train another target on the same codes)."""
-    torch.save(tokenize(load_tokenizer(ctx.work), ctx.train[0]), ctx.work / "train_tokens.pt")
+    torch.save(tokenize(load_tokenizer(ctx.work).to(ctx.device), ctx.train[0]), ctx.work / "train_tokens.pt")
 
 
 def stage_drafter(ctx: StageContext, log: dict) -> None:
@@ -336,6 +343,8 @@ def build_parser() -> OneLineParser:
                         "(default: the shipped model's)")
     parser.add_argument("--steps", type=int, default=None, help="override the stage's step count")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="where the codes and target stages compute: cpu, cuda or "
+                        "cuda:N (default cpu; the weights are float32 either way)")
     parser.add_argument("--shape", choices=list(CONFIGS), default=None,
                         help="target shape (default: the one the target stage recorded, else fashion)")
     return parser
@@ -373,11 +382,19 @@ def run_stage(args: argparse.Namespace) -> int:
     started = time.time()
     train, test = load_split("train"), load_split("test")
     log = read_log(args.work)
-    STAGES[args.stage](StageContext(args.work, args.out, schedule, train, test, target_config(args.shape, log)), log)
+    STAGES[args.stage](StageContext(args.work, args.out, schedule, train, test, target_config(args.shape, log),
+                                    args.device), log)
     if args.stage != "export":
         log.setdefault("seconds", {})[args.stage] = time.time() - started
         (args.work / "log.json").write_text(json.dumps(log, indent=2) + "\n")
     return 0
+
+
+def device_words(device: str) -> str:
+    """The device a stage ran on, for the log: the GPU's name, or the CPU with its torch thread count."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu, {torch.get_num_threads()} torch thread(s)"
 
 
 def target_config(shape: str | None, log: dict) -> ModelConfig:
