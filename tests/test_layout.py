@@ -97,8 +97,9 @@ def test_command_line_modules_do_not_shadow_the_library():
 
 def test_the_shipped_shape_lives_in_the_config_table():
     from coolsd.models.config import CONFIGS, ModelConfig
+    from coolsd.toy.train import TARGET_CONFIG
     shipped = json.loads((ROOT / "assets" / "fashion" / "config.json").read_text())["model"]
-    assert ModelConfig(**shipped) == CONFIGS["fashion"]
+    assert ModelConfig(**shipped) == CONFIGS["fashion-deep"] == TARGET_CONFIG
 
 
 def module_name(path: Path, package: Path) -> str:

@@ -106,10 +106,10 @@ def test_target_shape_is_chosen_then_recorded_and_read_back():
     from coolsd.models.config import CONFIGS
     from coolsd.toy.train import TARGET_CONFIG, target_config
 
-    assert target_config(None, {}) == TARGET_CONFIG == CONFIGS["fashion"]
-    assert target_config("fashion-deep", {}) == CONFIGS["fashion-deep"]
-    log = {"target": {"shape": CONFIGS["fashion-deep"].to_dict()}}  # what stage_target writes
-    assert target_config(None, log) == CONFIGS["fashion-deep"] and target_config("fashion", log) == TARGET_CONFIG
+    assert target_config(None, {}) == TARGET_CONFIG == CONFIGS["fashion-deep"]
+    assert target_config("fashion", {}) == CONFIGS["fashion"]
+    log = {"target": {"shape": CONFIGS["fashion"].to_dict()}}  # what stage_target writes
+    assert target_config(None, log) == CONFIGS["fashion"] and target_config("fashion-deep", log) == TARGET_CONFIG
 
 
 

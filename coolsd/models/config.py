@@ -74,10 +74,11 @@ CONFIGS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=16, dim=32, n_layer=2, n_head=2, num_classes=4, grid_height=4, grid_width=4,
                         multiple_of=16),
     "small": ModelConfig(vocab_size=1024, dim=256, n_layer=12, n_head=8, num_classes=10, grid_height=16, grid_width=16),
-    # The shipped Fashion-MNIST target: 8x8 codes of a 512-entry codebook, 8 layers (trained by coolsd.toy.train).
+    # The earlier default Fashion-MNIST target: 8x8 codes of a 512-entry codebook, 8 layers of width 192; its
+    # one-layer drafter is 1/8 of it, so a CPU round cost about 3 AR steps (docs/performance.md).
     "fashion": ModelConfig(vocab_size=512, dim=192, n_layer=8, n_head=6, num_classes=10, grid_height=8, grid_width=8),
-    # A deeper, narrower target of about the same size, for which a CPU round costs fewer AR steps: its drafter
-    # layer is 1/32 of it (docs/performance.md: chain:5 round 1.62 against 2.17 AR steps at random weights).
+    # The shipped default target (coolsd.toy.train.TARGET_CONFIG): about the same size, deeper and narrower, so its
+    # drafter layer is 1/32 of it (the paper's is 1/36 of LlamaGen-XL) and a CPU round costs fewer AR steps.
     "fashion-deep": ModelConfig(vocab_size=512, dim=96, n_layer=32, n_head=3, num_classes=10, grid_height=8,
                                 grid_width=8),
     "llamagen-b": ModelConfig(vocab_size=16384, dim=768, n_layer=12, n_head=12, num_classes=1000,

@@ -12,8 +12,8 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -71,8 +71,8 @@ def grid_picture(images: list[np.ndarray], classes: list[int], columns: int, pat
 CARD = """# Default model: Fashion-MNIST, class-conditional
 
 The model every `coolsd` command and the app use unless told otherwise: a VQ tokenizer, a LlamaGen-style
-class-conditional target, an Eagle-1 draft head and a quality judge, all trained on two CPU cores from
-Fashion-MNIST. Every number below was measured with these weights by `python -m coolsd.card` (training
+class-conditional target, an Eagle-1 draft head and a quality judge, trained from Fashion-MNIST
+({trained_where}). Every number below was measured with these weights by `python -m coolsd.card` (training
 numbers by `python -m coolsd.train`), on a 2-core {processor} CPU with {threads} torch thread(s) per job;
 times are wall-clock, on a machine that other jobs shared.
 
@@ -97,12 +97,12 @@ derived from it and are shipped under the same MIT licence.
 {shape_section}
 ## Training (`python -m coolsd.train <stage>`, then `export`)
 
-| stage | steps x batch | time on this machine | result |
+| stage | steps x batch | time | result |
 |---|---|---|---|
 | judge | {judge_steps} x 128 | {t_judge} | test accuracy {judge_acc:.2%} |
 | tokenizer | {tok_steps} x 64 | {t_tok} | judge accuracy on test reconstructions {acc_recon:.2%} vs {acc_orig:.2%} on originals ({ratio:.1%}); {codes} of {vocab} codes used |
-| target | {target_steps} x 64 | {t_target} | final cross-entropy {target_loss:.3f} nats/token |
-| drafter | {drafter_steps} x {drafter_batch} | {t_drafter} | final loss {drafter_loss:.3f} (SmoothL1 + 0.1 soft CE) |
+| target | {target_steps} x 64 | {t_target}{target_device} | final cross-entropy {target_loss:.3f} nats/token |
+| drafter | {drafter_steps} x {drafter_batch} | {t_drafter}{drafter_device} | final loss {drafter_loss:.3f} (SmoothL1 + 0.1 soft CE) |
 
 {reused}Label dropout 0.1 for the target; AdamW, warm-up then cosine decay. The drafter was trained by the general
 drafter trainer (`python -m coolsd.train drafter --model ...`) on {drafter_images} images the target sampled
@@ -150,6 +150,20 @@ STAGE_RECIPE = ("for stage in judge tokenizer target drafter export; do python -
                 "{drafter_command}\n"
                 "cp runs/drafter-fashion/drafter.safetensors assets/fashion/  # the self-distilled drafter replaces "
                 "the stage's")
+
+
+def trained_where(log: dict) -> str:
+    """Where the stages ran, in words: all on the CPU, or the target and its drafter on a GPU."""
+    gpu = log.get("target", {}).get("device", "")
+    if gpu and not gpu.startswith("cpu"):
+        return (f"the judge and the tokenizer on two CPU cores, the target and its drafter on one {gpu} GPU with "
+                "the same commands and `--device cuda`")
+    return "all on two CPU cores"
+
+
+def on_device(name: str | None) -> str:
+    """`` on <GPU>`` after a stage's time when it ran on one (the CPU says nothing)."""
+    return f" on {name}" if name and not name.startswith("cpu") else ""
 
 
 def drafter_row(log: dict, record: dict) -> dict:
@@ -202,7 +216,10 @@ def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
     reused = log.get("reused")
     text = CARD.format(
         shape_section=shape_section(bundle.info.get("shape_choice")), round_rows=round_rows(metrics.get("round")),
-        reused=f"{reused}\n\n" if reused else "",
+        reused=f"{reused}\n\n" if reused else "", trained_where=trained_where(log),
+        target_device=on_device(log.get("target", {}).get("device")),
+        drafter_device=on_device((log.get("target", {}).get("device") or "a GPU")
+                                 if str(record.get("device", "cpu")).startswith("cuda") else None),
         recipe=log.get("recipe", STAGE_RECIPE).format(drafter_command=command),
         processor=metrics["machine"]["processor"], threads=metrics["machine"]["threads"],
         classes=", ".join(bundle.class_names), p_judge=metrics["parameters"]["judge"],
