@@ -386,3 +386,20 @@ def test_a_draft_the_model_cannot_run_is_one_readable_line(no_drafter, method, d
         message = error.value.message
         assert needle in message and "\n" not in message and "Traceback" not in message
     assert "e.g. jacobi:8:coupled" in message or "e.g. jacobi:14" in message
+
+
+def test_a_broken_or_missing_local_model_is_listed_or_left_out_with_one_log_line_each(tmp_path, monkeypatch, caplog):
+    """A COOLSD_MODELS directory whose model.json is valid JSON but no object (it once stopped the app from
+    starting) is listed by its folder's name; a missing directory is left out; each is logged once."""
+    not_an_object = tmp_path / "list"
+    not_an_object.mkdir()
+    (not_an_object / "model.json").write_text("[1, 2, 3]")
+    monkeypatch.setenv(models.ENV, os.pathsep.join([str(not_an_object), str(tmp_path / "gone")]))
+    monkeypatch.setattr(models, "WARNED", set())
+    with caplog.at_level("WARNING", logger="coolsd.app"):
+        for _ in range(3):
+            keys = [choice.key for choice in models.listing("fashion")]
+    assert keys == [models.DEFAULT, str(not_an_object)]
+    lines = sorted(record.getMessage() for record in caplog.records)
+    assert len(lines) == 2
+    assert "gone: left out: no such directory" in lines[0] and "cannot load" in lines[1] and "got list" in lines[1]

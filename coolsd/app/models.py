@@ -4,6 +4,7 @@ and a small store that loads each on first use and keeps it."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -24,6 +25,15 @@ HUB_CACHE_DIR: str | None = None  # the Hugging Face cache to look in (None: hug
 HUB = "https://huggingface.co"  # huggingface_hub's endpoint unless HF_ENDPOINT names another
 PROBE_SECONDS = 2.5  # one request to the hub before a download: no answer by then means unreachable
 FAILURE_SECONDS = 300.0  # a model whose download failed is refused at once for this long, without a new try
+log = logging.getLogger("coolsd.app")
+WARNED: set[str] = set()  # the COOLSD_MODELS entries already warned about (the listing is read again and again)
+
+
+def warn_once(entry: str, why: str) -> None:
+    """One log line per broken ``COOLSD_MODELS`` entry, the first time the listing meets it."""
+    if entry not in WARNED:
+        WARNED.add(entry)
+        log.warning("%s entry %s: %s", ENV, entry, why)
 
 
 @dataclass(frozen=True)
@@ -45,9 +55,13 @@ def local_dirs() -> list[str]:
     found = []
     for entry in os.environ.get(ENV, "").split(os.pathsep):
         entry = entry.strip()
-        if entry and entry not in found and any((Path(entry) / name).is_file() for name in ("model.json",
-                                                                                            "config.json")):
+        if not entry or entry in found:
+            continue
+        if any((Path(entry) / name).is_file() for name in ("model.json", "config.json")):
             found.append(entry)
+        else:
+            warn_once(entry, "left out: " + ("no model.json or config.json in it" if Path(entry).is_dir() else
+                                             "no such directory"))
     return found
 
 
@@ -119,7 +133,8 @@ def listing(default_name: str) -> list[ModelChoice]:
     for path in local_dirs():
         try:
             spec = read_spec(Path(path) / "model.json") if (Path(path) / "model.json").is_file() else {}
-        except ValueError:
+        except ValueError as error:  # listed by its folder's name; choosing it says why it cannot load
+            warn_once(path, f"listed, but it cannot load: {error}")
             spec = {}
         choices.append(ModelChoice(path, f"{spec.get('name') or Path(path).name} ({path})", path))
     for name in preset_names():

@@ -36,6 +36,7 @@ PRESETS = Path(__file__).resolve().parents[2] / "assets" / "models"
 HUB = "hf://"
 FAMILIES = ("llamagen", "chameleon")
 REQUIRED = {"llamagen": ("gpt", "vq", "model_args", "vq_args"), "chameleon": ("model", "vqgan", "vqgan_config")}
+OBJECT_FIELDS = ("model_args", "vq_args", "model_config", "sampling")  # fields that hold a JSON object
 # the files of each family: (field, is a directory)
 FILES = {"llamagen": (("gpt", False), ("vq", False), ("drafter", True), ("t5", True)),
          "chameleon": (("model", True), ("vqgan", False), ("vqgan_config", False), ("drafter", True))}
@@ -78,11 +79,16 @@ def read_spec(path: Path) -> dict:
         spec = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ValueError(f"unreadable model file {path}: {error}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: a model file holds a JSON object of fields, got {type(spec).__name__}")
     if spec.get("family") not in FAMILIES:
         raise ValueError(f"{path}: family must be one of {', '.join(FAMILIES)}, got {spec.get('family')!r}")
     for key in REQUIRED[spec["family"]]:
         if key not in spec:
             raise ValueError(f"{path}: missing field {key!r}")
+    for key in OBJECT_FIELDS:
+        if key in spec and not isinstance(spec[key], dict):
+            raise ValueError(f"{path}: field {key!r} must be a JSON object, got {type(spec[key]).__name__}")
     return spec
 
 
