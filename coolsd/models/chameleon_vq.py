@@ -89,7 +89,8 @@ class VQGANDecoder(nn.Module):
 
     def forward(self, codes: Tensor) -> Tensor:
         """(h, w) long -> (1, 3, 16 h, 16 w)."""
-        z = self.quantize.embedding(codes)[None].permute(0, 3, 1, 2)
+        z = self.quantize.embedding(codes)[None].permute(0, 3, 1, 2).contiguous()  # the official layout: the
+        # convolutions then run channels-first, as the official decoder's do (channels-last kernels round otherwise)
         return self.decoder(self.post_quant_conv(z))
 
 
