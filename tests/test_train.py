@@ -209,3 +209,22 @@ def test_train_errors_are_one_line(argv, needle, capsys):
     captured = capsys.readouterr()
     assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
     assert needle in captured.err and "usage:" not in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("stage, missing, run_first", [("drafter", "train_tokens.pt", "tokenizer"),
+                                                       ("target", "train_tokens.pt", "tokenizer")])
+def test_a_stage_run_too_early_says_which_stage_to_run_first(tmp_path, stage, missing, run_first):
+    from coolsd.toy.train import STAGES, StageContext, stage_schedule
+    data = synthetic_images(4)
+    context = StageContext(tmp_path, tmp_path, stage_schedule(stage, 1), data, data)
+    with pytest.raises(ValueError, match=f"{missing} is missing: run `python -m coolsd.train {run_first}") as error:
+        STAGES[stage](context, {})
+    assert "\n" not in str(error.value)
+
+
+def test_the_drafter_stage_with_codes_but_no_target_says_to_train_the_target_first(tmp_path):
+    from coolsd.toy.train import STAGES, StageContext, stage_schedule
+    torch.save(torch.zeros(4, 64, dtype=torch.long), tmp_path / "train_tokens.pt")
+    data = synthetic_images(4)
+    with pytest.raises(ValueError, match="target.pt is missing: run `python -m coolsd.train target`"):
+        STAGES["drafter"](StageContext(tmp_path, tmp_path, stage_schedule("drafter", 1), data, data), {})

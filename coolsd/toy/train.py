@@ -269,9 +269,22 @@ def stage_tokenizer(ctx: StageContext, log: dict) -> None:
     torch.save(train_tokens, ctx.work / "train_tokens.pt")
 
 
+# which stage writes each file a later stage reads, for the error that says what to run first
+MADE_BY = {"train_tokens.pt": "tokenizer (or codes, with a tokenizer in the folder)", "target.pt": "target",
+           "tokenizer.json": "tokenizer", "judge.safetensors": "judge"}
+
+
+def needed(work: Path, name: str) -> Path:
+    """``work / name``, or a one-line error naming the stage that writes it."""
+    path = work / name
+    if not path.exists():
+        raise ValueError(f"{path} is missing: run `python -m coolsd.train {MADE_BY[name]}` with --work {work} first")
+    return path
+
+
 def stage_target(ctx: StageContext, log: dict) -> None:
     """Train the target transformer on the tokenizer stage's codes."""
-    tokens = torch.load(ctx.work / "train_tokens.pt", weights_only=True)
+    tokens = torch.load(needed(ctx.work, "train_tokens.pt"), weights_only=True)
     model, losses = train_target(tokens, ctx.train[1], ctx.config, ctx.schedule, ctx.work / "target.ckpt",
                                  device=ctx.device)
     torch.save(model.cpu().state_dict(), ctx.work / "target.pt")
@@ -287,9 +300,9 @@ def stage_codes(ctx: StageContext, log: dict) -> None:
 
 def stage_drafter(ctx: StageContext, log: dict) -> None:
     """Train the Eagle-1 drafter against the finished, frozen target."""
-    tokens = torch.load(ctx.work / "train_tokens.pt", weights_only=True)
-    drafter, losses = train_drafter(trained(Transformer, ctx.work / "target.pt", ctx.config), tokens, ctx.train[1],
-                                    ctx.schedule, ctx.work / "drafter.ckpt")
+    tokens = torch.load(needed(ctx.work, "train_tokens.pt"), weights_only=True)
+    target = trained(Transformer, needed(ctx.work, "target.pt"), ctx.config)
+    drafter, losses = train_drafter(target, tokens, ctx.train[1], ctx.schedule, ctx.work / "drafter.ckpt")
     torch.save(drafter.state_dict(), ctx.work / "drafter.pt")
     log["drafter"] = {"final_loss": recent_mean(losses), "steps": ctx.schedule.steps}
 
