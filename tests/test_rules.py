@@ -339,3 +339,40 @@ def test_walk_keeps_the_path_and_names_the_last_tokens_origin(paths, valid, unif
     assert verdict.tested[0].nonzero().flatten().tolist() == tested
     assert verdict.emitted[0, :len(kept) - 1].tolist() == tokens[0, kept[1:]].tolist()
     assert int(verdict.origin[0]) == origin
+
+
+def independent_siblings(p: np.ndarray, q: np.ndarray, drawn: list[int], omega: float) -> tuple[list, list, float]:
+    """The spec's section 3 for one node whose children ``drawn`` are tried in order under ``f = min(1, omega
+    p / q)`` with the G* residual, written again in numpy: each child's ``f`` and step cost ``sum [q f - p]_+``
+    against the residual and renormalised ``q`` it was tested with, and P(some child accepted)."""
+    fs, costs, q = [], [], q.copy()
+    for rank, y in enumerate(drawn):
+        f_all = np.minimum(1.0, omega * p / np.maximum(q, 1e-300))
+        fs.append(f_all[y])
+        costs.append(np.maximum(q * f_all - p, 0).sum())
+        rest = np.maximum(p - q * f_all, 0)
+        p = rest / rest.sum()
+        q = q.copy()
+        q[y] = 0
+        q = q / q.sum()
+    return fs, costs, 1 - np.prod([1 - f for f in fs])
+
+
+@pytest.mark.parametrize("rule, omega", [(UniformRSD(delta=2.0), 2.0),
+                                         (CoolSD(delta=2.0, nu=0.7, mu=-0.5), 2.0 * math.exp(-0.2))])
+def test_a_later_siblings_cost_and_the_levels_acceptance_are_the_independent_computation(rule, omega):
+    """At a node with three children: each child's recorded relaxation cost is measured against the residual that
+    child was tested against (``q`` renormalised without the earlier siblings), and the node's acceptance
+    probability is ``1 - prod(1 - f_j)``, as an independent numpy walk of the spec computes them."""
+    tree = DraftTree(((0,), (1,), (2,)))
+    rng = np.random.default_rng(2)
+    p_root, q_root = rng.dirichlet(np.ones(8)), rng.dirichlet(np.ones(8))
+    drawn = [7, 6, 0]  # found by search: the second child's f is inside (0, 1) and its cost positive
+    p = torch.from_numpy(np.tile(p_root, (1, tree.size + 1, 1)))
+    verdict = walk(tree.tensors(torch.device("cpu")), torch.tensor([[0, *drawn]]), torch.ones(1, 4, dtype=torch.bool),
+                   p, torch.from_numpy(q_root)[None, None], rule, torch.full((1, 5), 0.999, dtype=torch.float64))
+    fs, costs, level = independent_siblings(p_root, q_root, drawn, omega)
+    assert verdict.accept_prob[0, 1:4].tolist() == pytest.approx(fs, rel=1e-12)
+    assert verdict.cost[0, 1:4].tolist() == pytest.approx(costs, rel=1e-12, abs=1e-15)
+    assert float(verdict.level_prob[0, 0]) == pytest.approx(level, rel=1e-12)
+    assert 0 < fs[1] < 1 and costs[1] > 1e-3  # the case the test is for: a later sibling tested and relaxed
