@@ -26,10 +26,10 @@ from .config import CONFIGS, RANDOM_INIT_SIZES, ModelConfig
 from .decoders import CodebookShade
 from .eagle import Drafter
 from .gpt import Transformer
-from .registry import HUB, class_names, model_config, model_file, read_spec, resolve
+from .registry import HUB, assets_dir, class_names, model_config, model_file, read_spec, resolve
 from .steps import unwrapped, with_steps
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = assets_dir()
 DEFAULT_MODEL = ASSETS / "fashion"
 
 

@@ -32,7 +32,15 @@ from pathlib import Path
 
 from .config import ModelConfig
 
-PRESETS = Path(__file__).resolve().parents[2] / "assets" / "models"
+def assets_dir() -> Path:
+    """The shipped model and presets: inside the package when installed (``pip install .`` puts them in
+    ``coolsd/assets``), else the clone's ``assets`` folder beside the package."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "assets"
+    return installed if (installed / "fashion").is_dir() else package.parent / "assets"
+
+
+PRESETS = assets_dir() / "models"
 HUB = "hf://"
 FAMILIES = ("llamagen", "chameleon")
 REQUIRED = {"llamagen": ("gpt", "vq", "model_args", "vq_args"), "chameleon": ("model", "vqgan", "vqgan_config")}
