@@ -581,6 +581,8 @@ def omega_lines(fig: Figure) -> list:
 def test_theory_draws_omega_only_when_the_rule_has_a_schedule():
     fig = plots.theory(THEORY_TABLE, "COOL-SD")
     (curve, lossless) = omega_lines(fig)
+    # the lossless line is drawn on omega's axis and says so: beside the probabilities it read as a threshold
+    assert lossless.axes is curve.axes and "right axis" in lossless.get_label()
     assert list(curve.get_ydata()) == THEORY_TABLE["omega"] and list(curve.get_xdata()) == THEORY_TABLE["depth"]
     for table in ({**THEORY_TABLE, "omega": [None, None, None]}, {**THEORY_TABLE, "omega": None},
                   {key: value for key, value in THEORY_TABLE.items() if key != "omega"}):

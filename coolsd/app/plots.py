@@ -191,7 +191,8 @@ def _omega_curve(ax: Axes, depths: Sequence[int], omegas: Sequence[float]) -> li
     """omega_d on a right-hand axis, with the lossless omega = 1 line; returns their legend handles."""
     twin = ax.twinx()
     handles = twin.plot(depths, omegas, "^:", color=OMEGA_COLOR, label=r"$\omega_i$ (relaxation schedule, right axis)")
-    handles.append(twin.axhline(1.0, color=OMEGA_COLOR, lw=0.8, alpha=0.4, label=r"$\omega_i = 1$: lossless"))
+    handles.append(twin.axhline(1.0, color=OMEGA_COLOR, lw=0.8, alpha=0.4,
+                                label=r"$\omega_i = 1$ on the right axis: lossless"))
     twin.set_ylabel(r"$\omega_i$", color=OMEGA_COLOR)
     twin.set_ylim(0, max(1.1, max(omegas) * 1.1))
     return handles
