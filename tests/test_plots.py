@@ -679,3 +679,14 @@ def test_many_accepted_depths_share_legend_entries():
     covered = [d for text in wide for low, _, high in [text.split()[-1].partition("–")]
                for d in range(int(low), int(high or low) + 1)]
     assert covered == list(range(1, 21))
+
+
+def test_a_study_with_every_series_unticked_keeps_each_drafts_tau_range_and_says_why_it_is_empty(shipped_study):
+    fig = plots.study_quality(shipped_study, "fid", families=[])
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert panels
+    for ax in panels:
+        taus = [r["tau"] for r in shipped_study["runs"] if r["draft"] == ax.get_title()]
+        low, high = ax.get_xlim()
+        assert low <= min(taus) and high >= max(taus) and low > 0.5  # not matplotlib's empty -0.06..0.06
+        assert "no series chosen" in [t.get_text() for t in ax.texts]

@@ -861,6 +861,11 @@ def study_quality(result: dict, metric: str | None = None, current: tuple[str, f
         if not any(metric in r.get("vs_eagle", {}) for r in result["runs"]):
             ax.text(0.5, 0.5, f"this study did not record {METRIC_LABELS.get(metric, metric).split(' (')[0]}",
                     ha="center", va="center", transform=ax.transAxes, fontsize=style.subtitle)
+        elif not runs:  # every series unticked: the draft's tau range, not matplotlib's empty -0.06..0.06
+            taus = [r["tau"] for r in result["runs"] if r["draft"] == draft] or [1.0]
+            ax.set_xlim(min(taus) - 0.1, max(taus) + 0.1)
+            ax.text(0.5, 0.5, "no series chosen", ha="center", va="center", transform=ax.transAxes,
+                    fontsize=style.subtitle)
         ax.set_title(draft, fontsize=style.subtitle)
         ax.set_xlabel(METRIC_LABELS["tau"].split(" (")[0])
         ax.set_ylabel(_fill(DIFFERENCE_LABELS.get(metric, metric), 10, 3.2 if style.stacked else 4.4))
