@@ -505,16 +505,20 @@ CALL = re.compile(r"/gradio_api/call/([^/]+)/?$")
 
 
 class KnownEndpoints:
-    """ASGI middleware: ``POST /gradio_api/call/<name>`` for a name with no Python function behind it (unknown,
-    or an event that runs in the browser, such as the seed dice) answers 404 with one readable line. Gradio
-    itself answers an unknown name with HTTP 500 and runs a browser-only one into a traceback."""
+    """ASGI middleware: ``POST /gradio_api/call/<name>`` for a name that is not a documented endpoint (unknown, an
+    event that runs in the browser, such as the seed dice, or one of the page's own handlers, which Gradio
+    serves there although they are private: ``on_model`` would start loading a 7B model) answers 404 with one
+    readable line. Gradio itself answers an unknown name with HTTP 500 and runs a browser-only one into a
+    traceback."""
 
     def __init__(self, app, blocks: gr.Blocks) -> None:
         self.app, self.blocks = app, blocks
 
     async def __call__(self, scope, receive, send) -> None:
         called = CALL.search(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if called is not None and called.group(1) not in {fn.api_name for fn in self.blocks.fns.values() if fn.fn}:
+        public = {fn.api_name for fn in self.blocks.fns.values()
+                  if fn.fn and getattr(fn, "api_visibility", "public") != "private"}
+        if called is not None and called.group(1) not in public:
             name = clip(repr(called.group(1)), 80)
             log.info("rejected request: no endpoint %s", name)
             response = JSONResponse({"error": f"this app has no endpoint {name}; its API is /generate"}, 404)

@@ -349,8 +349,15 @@ GOOD = ["COOL-SD", 2.0, 0.7, "auto", 10, 5.0, "chain:5", "Trouser", 0, 2.0, 1.0,
     ("on_theory", [None] * 3, "takes 24 values, got 3"),
 ])
 def test_malformed_api_calls_get_one_readable_error_and_one_log_line(server, name, data, needle):
+    """The API's endpoint called as any client would; a page handler (not callable that way) as the page calls it,
+    through the queue."""
     log_before = server.log.read_text().splitlines()
-    answer = api_call(server, name, data)
+    if name == "generate":
+        answer = api_call(server, name, data)
+    else:
+        config = json.loads(urllib.request.urlopen(f"{server.url}config", timeout=30).read())
+        fn = {d["api_name"]: d["id"] for d in config["dependencies"]}
+        answer = ui_event(server, f"malformed-{len(data)}", fn[name], data)["output"]
     assert answer["error"] and needle in answer["error"] and len(answer["error"]) < 600, answer
     time.sleep(0.2)
     added = server.log.read_text().splitlines()[len(log_before):]
@@ -359,7 +366,14 @@ def test_malformed_api_calls_get_one_readable_error_and_one_log_line(server, nam
 
 
 def ui_call(server, session: str, fn_index: int, data: list) -> list:
-    """One UI event as the browser sends it (queue join, then the session's event stream)."""
+    """One UI event as the browser sends it (queue join, then the session's event stream); its outputs."""
+    message = ui_event(server, session, fn_index, data)
+    assert message["success"], message
+    return message["output"]["data"]
+
+
+def ui_event(server, session: str, fn_index: int, data: list) -> dict:
+    """One UI event as the browser sends it; the event's completion message (success or error)."""
     body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
                        "trigger_id": None}).encode()
     request = urllib.request.Request(f"{server.url}gradio_api/queue/join", data=body,
@@ -370,8 +384,7 @@ def ui_call(server, session: str, fn_index: int, data: list) -> list:
             if raw.startswith(b"data:"):
                 message = json.loads(raw[5:])
                 if message.get("msg") == "process_completed" and message.get("event_id") == event_id:
-                    assert message["success"], message
-                    return message["output"]["data"]
+                    return message
     raise AssertionError("the event stream ended without the result")
 
 
@@ -621,7 +634,8 @@ def test_browser_the_seed_dice_runs_in_the_browser(server, browser):
     assert len(seeds - {"0"}) >= 2
 
 
-@pytest.mark.parametrize("name", ["random_seed", "js_fn", "no_such_endpoint", "x" * 300])
+@pytest.mark.parametrize("name", ["random_seed", "js_fn", "no_such_endpoint", "x" * 300, "on_model", "on_generate",
+                                  "on_timing", "on_theory", "on_replay"])
 def test_an_endpoint_the_app_does_not_have_answers_404_in_one_line(server, name):
     before = server.lines()
     request = urllib.request.Request(f"{server.url}gradio_api/call/{name}", data=b'{"data": []}',
