@@ -403,3 +403,26 @@ def test_a_broken_or_missing_local_model_is_listed_or_left_out_with_one_log_line
     lines = sorted(record.getMessage() for record in caplog.records)
     assert len(lines) == 2
     assert "gone: left out: no such directory" in lines[0] and "cannot load" in lines[1] and "got list" in lines[1]
+
+
+def test_presets_are_off_on_a_shared_space_unless_the_deployment_turns_them_on(monkeypatch):
+    """A preset is a real model of gigabytes: on a Hugging Face Space (SPACE_ID set) no visitor may start loading
+    one unless COOLSD_PRESETS is on; COOLSD_PRESETS off hides them anywhere. Hidden, a preset is no valid model
+    for the UI or the API either."""
+    monkeypatch.setattr(models, "hub_cached", lambda value, directory=False: True)
+
+    def listed() -> list[str]:
+        return [choice.key for choice in app.MODELS.choices() if choice.key in preset_names()]
+
+    monkeypatch.delenv(models.PRESETS_ENV, raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert listed() == preset_names()
+    monkeypatch.setenv("SPACE_ID", "someone/coolsd")
+    assert listed() == []
+    with pytest.raises(ValueError, match="model must be one of"):
+        app.MODELS.key(preset_names()[0])
+    monkeypatch.setenv(models.PRESETS_ENV, "on")
+    assert listed() == preset_names()
+    monkeypatch.delenv("SPACE_ID")
+    monkeypatch.setenv(models.PRESETS_ENV, "off")
+    assert listed() == []

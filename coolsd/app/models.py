@@ -29,11 +29,15 @@ log = logging.getLogger("coolsd.app")
 WARNED: set[str] = set()  # the COOLSD_MODELS entries already warned about (the listing is read again and again)
 
 
-def warn_once(entry: str, why: str) -> None:
-    """One log line per broken ``COOLSD_MODELS`` entry, the first time the listing meets it."""
-    if entry not in WARNED:
-        WARNED.add(entry)
-        log.warning("%s entry %s: %s", ENV, entry, why)
+def warn_once(key: str, message: str) -> None:
+    """One log line per broken setting (a ``COOLSD_MODELS`` entry...), the first time the listing meets it."""
+    if key not in WARNED:
+        WARNED.add(key)
+        log.warning("%s", message)
+
+
+def warn_entry(entry: str, why: str) -> None:
+    warn_once(entry, f"{ENV} entry {entry}: {why}")
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,8 @@ def local_dirs() -> list[str]:
         if any((Path(entry) / name).is_file() for name in ("model.json", "config.json")):
             found.append(entry)
         else:
-            warn_once(entry, "left out: " + ("no model.json or config.json in it" if Path(entry).is_dir() else
-                                             "no such directory"))
+            warn_entry(entry, "left out: " + ("no model.json or config.json in it" if Path(entry).is_dir() else
+                                              "no such directory"))
     return found
 
 
@@ -126,6 +130,22 @@ def unreachable(key: str) -> str:
             "whose files are cached")
 
 
+PRESETS_ENV = "COOLSD_PRESETS"  # on / off: whether the presets (real models, gigabytes each) may be chosen at all
+
+
+def presets_allowed(environ=os.environ) -> bool:
+    """Whether visitors may choose (and so start loading) a preset: ``COOLSD_PRESETS`` on or off; unset, on
+    except on a Hugging Face Space (``SPACE_ID`` set), where any visitor could start a 7B load."""
+    value = environ.get(PRESETS_ENV, "").strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    if value:
+        warn_once(PRESETS_ENV, f"{PRESETS_ENV}={shorten(value, 40)} is neither on nor off: taken as unset")
+    return not environ.get("SPACE_ID")
+
+
 def listing(default_name: str) -> list[ModelChoice]:
     """The selector's entries: the default (shipped) model first, then ``COOLSD_MODELS``'s directories, then the
     available presets (read now: a newly cached preset is listed)."""
@@ -134,10 +154,10 @@ def listing(default_name: str) -> list[ModelChoice]:
         try:
             spec = read_spec(Path(path) / "model.json") if (Path(path) / "model.json").is_file() else {}
         except ValueError as error:  # listed by its folder's name; choosing it says why it cannot load
-            warn_once(path, f"listed, but it cannot load: {error}")
+            warn_entry(path, f"listed, but it cannot load: {error}")
             spec = {}
         choices.append(ModelChoice(path, f"{spec.get('name') or Path(path).name} ({path})", path))
-    for name in preset_names():
+    for name in preset_names() if presets_allowed() else []:
         status = preset_status(name)
         if status is not None:
             choices.append(ModelChoice(name, f"{name} {status}".strip(), name))
