@@ -542,7 +542,7 @@ def test_replay_marks_the_rounds_cells_on_the_image(narrow):
         assert np.allclose([x1 - x0, y1 - y0], 4)  # a 16-pixel image of 4 x 4 tokens: 4-pixel cells
         drawn.append((round((x0 + 0.5) / 4) + 4 * round((y0 + 0.5) / 4), tuple(face), tuple(edge)))
     accepted, resampled = to_rgba(plots.ACCEPTED_COLOR, 0.45), to_rgba(plots.ORIGIN_STYLE[RESAMPLED][0], 0.45)
-    not_yet = to_rgba(plots.NOT_YET_COLOR, 0.8)
+    not_yet = to_rgba(plots.NOT_YET_COLOR, 1.0)  # opaque: the finished image must not show through
     expected = [(1, accepted, accepted), (2, accepted, accepted), (3, resampled, resampled),  # a patch's alpha
                 (3, (0, 0, 0, 0), to_rgba(plots.REJECTED_EDGE))]  # applies to its edge too; the outline is opaque
     expected += [(cell, not_yet, not_yet) for cell in range(4, 16)]  # no edge line: lw=0
@@ -690,3 +690,18 @@ def test_a_study_with_every_series_unticked_keeps_each_drafts_tau_range_and_says
         low, high = ax.get_xlim()
         assert low <= min(taus) and high >= max(taus) and low > 0.5  # not matplotlib's empty -0.06..0.06
         assert "no series chosen" in [t.get_text() for t in ax.texts]
+
+
+def test_replay_of_the_prefill_hides_every_later_cell_of_the_finished_image():
+    """Round 0 has made one token: the finished image (all white here) shows in that cell only, the rest is
+    covered (it once showed the whole finished image, dimmed, as 'not yet generated')."""
+    stats, _ = hand_made_round()
+    fig = plots.replay(np.full((16, 16), 255, dtype=np.uint8), stats, (4, 4), 0)
+    ax = next(ax for ax in fig.axes if ax.get_title().startswith("the prefill"))
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
+    (x0, y0), (x1, y1) = ax.get_window_extent().get_points()
+    height = pixels.shape[0]
+    inside = pixels[int(height - y1) + 2:int(height - y0) - 2, int(x0) + 2:int(x1) - 2]
+    covered = (inside < 8).all(-1).mean()  # the cover's own colour (black), not the image seen through it
+    assert covered > 15 / 16 - 0.1, f"only {covered:.0%} of the image panel is covered"

@@ -477,7 +477,7 @@ def _replay_legend() -> list[Patch]:
             Patch(facecolor=ORIGIN_STYLE[BONUS][0], alpha=0.6, label="bonus (all drafts accepted)"),
             Patch(facecolor=ORIGIN_STYLE[TARGET][0], alpha=0.6, label="sampled by the target (1st / AR)"),
             Patch(facecolor="0.75", edgecolor="0.4", label="earlier tokens (image so far)"),
-            Patch(facecolor=NOT_YET_COLOR, alpha=0.8, label="not yet generated")]
+            Patch(facecolor=NOT_YET_COLOR, label="not yet generated")]
 
 
 def window_sources(current: Round, cells: int) -> dict[str, list[int]]:
@@ -493,15 +493,15 @@ def window_sources(current: Round, cells: int) -> dict[str, list[int]]:
 def _image_panel(ax: Axes, image: np.ndarray, grid: tuple[int, int], current: Round, size: float,
                  mark: float = 6) -> None:
     """Earlier tokens shown, this round's accepted drafts (green) and its extra token (pink if resampled after
-    a rejection, outlined red; yellow if a bonus), later cells dark; a Jacobi window's drafts marked by source
+    a rejection, outlined red; yellow if a bonus), later cells covered; a Jacobi window's drafts marked by source
     (``mark`` points wide) in the cells they drafted."""
     cell = _grid_axes(ax, image, grid)
     start, emitted = current.start, len(current.emitted)
     cells = []
     for index in range(start, grid[0] * grid[1]):
         x, y, cell_w, cell_h = cell(index)
-        if index >= start + emitted:  # not generated yet
-            cells.append(Rectangle((x, y), cell_w, cell_h, facecolor=NOT_YET_COLOR, alpha=0.8, lw=0))
+        if index >= start + emitted:  # not generated yet: hidden (the finished image must not show through)
+            cells.append(Rectangle((x, y), cell_w, cell_h, facecolor=NOT_YET_COLOR, lw=0))
             continue
         last = index == start + emitted - 1
         color = ORIGIN_STYLE[current.next_origin][0] if last else ACCEPTED_COLOR
