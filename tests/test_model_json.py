@@ -141,8 +141,8 @@ def test_imagenet_names_ship_with_the_presets():
 
 
 @pytest.mark.parametrize("text, says", [("[1, 2, 3]", "got list"), ('"a string"', "got str"), ("null", "got NoneType"),
-                                        ('{"family": "llamagen", "gpt": "g.pt", "vq": "v.pt", "model_args": '
-                                         '"notadict", "vq_args": {}}', "'model_args' must be a JSON object")])
+                                        (('{"family": "llamagen", "gpt": "g.pt", "vq": "v.pt", "model_args": '
+                                          '"notadict", "vq_args": {}}'), "'model_args' must be a JSON object")])
 def test_a_model_file_that_is_valid_json_but_not_an_object_of_fields_is_one_clear_error(tmp_path, text, says):
     (tmp_path / "model.json").write_text(text)
     with pytest.raises(ValueError, match=says) as error:

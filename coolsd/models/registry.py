@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .config import ModelConfig
 
+
 def assets_dir() -> Path:
     """The shipped model and presets: inside the package when installed (``pip install .`` puts them in
     ``coolsd/assets``), else the clone's ``assets`` folder beside the package."""
@@ -88,7 +89,8 @@ def read_spec(path: Path) -> dict:
     except (OSError, ValueError) as error:
         raise ValueError(f"unreadable model file {path}: {error}") from None
     if not isinstance(spec, dict):
-        raise ValueError(f"{path}: a model file holds a JSON object of fields, got {type(spec).__name__}")
+        kind = type(spec).__name__  # a ValueError, as for any unreadable model file: one line, never a crash
+        raise ValueError(f"{path}: a model file holds a JSON object of fields, got {kind}")  # noqa: TRY004
     if spec.get("family") not in FAMILIES:
         raise ValueError(f"{path}: family must be one of {', '.join(FAMILIES)}, got {spec.get('family')!r}")
     for key in REQUIRED[spec["family"]]:
