@@ -514,11 +514,14 @@ class KnownEndpoints:
     def __init__(self, app, blocks: gr.Blocks) -> None:
         self.app, self.blocks = app, blocks
 
+    def public(self) -> set[str]:
+        """The names callable at /gradio_api/call: events with a Python function that are not private."""
+        return {fn.api_name for fn in self.blocks.fns.values()
+                if fn.fn and getattr(fn, "api_visibility", "public") != "private"}
+
     async def __call__(self, scope, receive, send) -> None:
         called = CALL.search(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
-        public = {fn.api_name for fn in self.blocks.fns.values()
-                  if fn.fn and getattr(fn, "api_visibility", "public") != "private"}
-        if called is not None and called.group(1) not in public:
+        if called is not None and called.group(1) not in self.public():
             name = clip(repr(called.group(1)), 80)
             log.info("rejected request: no endpoint %s", name)
             response = JSONResponse({"error": f"this app has no endpoint {name}; its API is /generate"}, 404)

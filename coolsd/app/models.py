@@ -49,9 +49,12 @@ class ModelChoice:
     source: str | None  # a directory or a preset name; None for the default (already loaded)
 
 
+ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # how an environment switch is written
+
+
 def offline() -> bool:
     """``HF_HUB_OFFLINE`` as huggingface_hub reads it, read now."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ON
 
 
 def local_dirs() -> list[str]:
@@ -137,10 +140,8 @@ def presets_allowed(environ=os.environ) -> bool:
     """Whether visitors may choose (and so start loading) a preset: ``COOLSD_PRESETS`` on or off; unset, on
     except on a Hugging Face Space (``SPACE_ID`` set), where any visitor could start a 7B load."""
     value = environ.get(PRESETS_ENV, "").strip().lower()
-    if value in ("1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
+    if value in ON or value in OFF:
+        return value in ON
     if value:
         warn_once(PRESETS_ENV, f"{PRESETS_ENV}={shorten(value, 40)} is neither on nor off: taken as unset")
     return not environ.get("SPACE_ID")

@@ -99,8 +99,8 @@ class Workspace:
         self.hidden = self.logits = None  # the last verification forward's features and logits
         widths = record_widths(nodes, len(tree.inner_nodes), tree.depth)
         self.records = torch.zeros(batch, images, sum(widths.values()), dtype=torch.float64, device=device)
-        # an AR step's record: its start and token (written per round) beside constants (one kept root, its token
-        # drawn from the target); a speculative round writes its whole row at once (record)
+        # a round's record before it goes into records: an AR step writes its start and token (per round) beside
+        # constants (one kept root, its token drawn from the target); a speculative round fills the whole row
         self.row = torch.zeros(batch, self.records.shape[2], dtype=torch.float64, device=device)
         bounds = dict(zip(widths, np.cumsum([0, *widths.values()]).tolist()))
         self.row_start, self.row_emitted = self.row[:, :1], self.row[:, bounds["emitted"]:bounds["emitted"] + 1]
@@ -224,19 +224,18 @@ def accept(ws: Workspace) -> None:
 
 def record(ws: Workspace, verdict: Verdict, valid: Tensor, count: Tensor) -> None:
     """This round's record into each image's next row of ``ws.records``: a speculative round's fields in
-    RECORD_FIELDS' order, concatenated in one operation and stored as float64 (which holds token ids exactly; the
-    probabilities are float32 where the acceptance runs in float32, as on CUDA); an
+    RECORD_FIELDS' order, concatenated in one operation into the workspace's float64 row (which holds token ids
+    exactly, and takes float32 probabilities where the acceptance runs in float32, as on CUDA); an
     AR step writes its start and token (its other fields are constants, set once). A finished image's row lands
     past its last round, where nothing reads it."""
     if ws.tree.size:
-        row = torch.cat([ws.n[:, None], count[:, None], verdict.origin[:, None], verdict.emitted, ws.node_tokens,
-                         ws.node_origin, valid, verdict.accepted, verdict.tested, verdict.on_path,
-                         verdict.accept_prob, verdict.cost, verdict.level_prob], 1).to(ws.records.dtype)
+        torch.cat([ws.n[:, None], count[:, None], verdict.origin[:, None], verdict.emitted, ws.node_tokens,
+                   ws.node_origin, valid, verdict.accepted, verdict.tested, verdict.on_path, verdict.accept_prob,
+                   verdict.cost, verdict.level_prob], 1, out=ws.row)
     else:
         ws.row_start.copy_(ws.n[:, None])
         ws.row_emitted.copy_(verdict.emitted)
-        row = ws.row
-    ws.records.index_put_((ws.image_range, ws.rounds), row)
+    ws.records.index_put_((ws.image_range, ws.rounds), ws.row)
 
 
 def rounds_needed(remaining: int, depth: int) -> int:

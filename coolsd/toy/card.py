@@ -152,18 +152,18 @@ STAGE_RECIPE = ("for stage in judge tokenizer target drafter export; do python -
                 "the stage's")
 
 
-def trained_where(log: dict) -> str:
+def target_gpu(log: dict) -> str | None:
+    """The GPU the target stage ran on (its log names the device), or None for the CPU."""
+    device = log.get("target", {}).get("device", "")
+    return device if device and not device.startswith("cpu") else None
+
+
+def trained_where(gpu: str | None) -> str:
     """Where the stages ran, in words: all on the CPU, or the target and its drafter on a GPU."""
-    gpu = log.get("target", {}).get("device", "")
-    if gpu and not gpu.startswith("cpu"):
+    if gpu:
         return (f"the judge and the tokenizer on two CPU cores, the target and its drafter on one {gpu} GPU with "
                 "the same commands and `--device cuda`")
     return "all on two CPU cores"
-
-
-def on_device(name: str | None) -> str:
-    """`` on <GPU>`` after a stage's time when it ran on one (the CPU says nothing)."""
-    return f" on {name}" if name and not name.startswith("cpu") else ""
 
 
 def drafter_row(log: dict, record: dict) -> dict:
@@ -213,13 +213,12 @@ def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
     record = bundle.info.get("drafter_training", {})
     drafter = drafter_row(log, record)
     command = record.get("command", "python -m coolsd.train drafter")
-    reused = log.get("reused")
+    reused, gpu = log.get("reused"), target_gpu(log)
     text = CARD.format(
         shape_section=shape_section(bundle.info.get("shape_choice")), round_rows=round_rows(metrics.get("round")),
-        reused=f"{reused}\n\n" if reused else "", trained_where=trained_where(log),
-        target_device=on_device(log.get("target", {}).get("device")),
-        drafter_device=on_device((log.get("target", {}).get("device") or "a GPU")
-                                 if str(record.get("device", "cpu")).startswith("cuda") else None),
+        reused=f"{reused}\n\n" if reused else "", trained_where=trained_where(gpu),
+        target_device=f" on {gpu}" if gpu else "",
+        drafter_device=f" on {gpu or 'a GPU'}" if str(record.get("device", "cpu")).startswith("cuda") else "",
         recipe=log.get("recipe", STAGE_RECIPE).format(drafter_command=command),
         processor=metrics["machine"]["processor"], threads=metrics["machine"]["threads"],
         classes=", ".join(bundle.class_names), p_judge=metrics["parameters"]["judge"],

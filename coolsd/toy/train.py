@@ -270,8 +270,7 @@ def stage_tokenizer(ctx: StageContext, log: dict) -> None:
 
 
 # which stage writes each file a later stage reads, for the error that says what to run first
-MADE_BY = {"train_tokens.pt": "tokenizer (or codes, with a tokenizer in the folder)", "target.pt": "target",
-           "tokenizer.json": "tokenizer", "judge.safetensors": "judge"}
+MADE_BY = {"train_tokens.pt": "tokenizer (or codes, with a tokenizer in the folder)", "target.pt": "target"}
 
 
 def needed(work: Path, name: str) -> Path:
