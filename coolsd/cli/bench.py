@@ -603,11 +603,14 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def work_arguments(args: argparse.Namespace) -> dict:
-    """What the records in a ``--work`` folder depend on. Not the outputs, the progress bar, the warm-up, the
-    threads, the number of processes or the untimed pass's batch: the samples are the same whatever those are (a
-    timed image whose tokens differ from its recorded sample is refused as not deterministic)."""
-    return {"model": args.model, "random_init": args.random_init, "device": pick_device(args.device).type,
+def work_arguments(args: argparse.Namespace, bundle: Bundle) -> dict:
+    """What the records in a ``--work`` folder depend on, the weights' digests included (a retrained model at the
+    same path is another study). Not the outputs, the progress bar, the warm-up, the threads, the number of
+    processes or the untimed pass's batch: the samples are the same whatever those are (a timed image whose tokens
+    differ from its recorded sample is refused as not deterministic)."""
+    return {"model": args.model, "target_sha256": bundle.weights_digest(),
+            "drafter_sha256": bundle.weights_digest("drafter.safetensors"),
+            "random_init": args.random_init, "device": pick_device(args.device).type,
             "steps": args.steps, "sampling": args.overrides, "seed": args.seed, "images": args.images,
             "latency_images": args.study.timed_images, "latency_batches": list(args.latency_batches),
             "repeats": args.repeats,
@@ -771,8 +774,8 @@ def benchmark(argv: list[str] | None) -> int:
     under torchrun), and on rank 0 write the outputs and print the table."""
     args = check_args(build_parser().parse_args(argv))
     shard, study = args.shard, args.study
-    open_work(args.work, work_arguments(args), shard.rank)
     bundle = load_model(args)
+    open_work(args.work, work_arguments(args, bundle), shard.rank)
     if args.profile:
         return profile_parts(args, bundle)
     say_batch_memory(bundle, study, sampling_from(args.overrides, bundle))

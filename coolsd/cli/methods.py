@@ -69,18 +69,20 @@ SWEEPS: dict[str, list[str]] = {
 }
 PAPER_DRAFTS = ("chain:5", "tree:eagle25")  # the paper's comparison: every sweep and Eagle-1 on both drafts
 # The drafter-free methods (spec section 11) as published, with their fresh drafts' point-mass q, then ours: SJD and
-# SCD with the default (uniform) fresh drafts, and COOL-SD on coupled drafts; at each window of JACOBI_WINDOWS.
+# SCD with the default (uniform) fresh drafts, GSD with G* as its residual, and COOL-SD's delta grid (the paper
+# sweep's, at nu=0.7) on coupled drafts; at each window of JACOBI_WINDOWS.
 JACOBI_WINDOWS = (8, 16)
 JACOBI_METHODS = (("eagle", "jacobi:{L}:point"), ("eagle", "jacobi:{L}"), ("eagle", "jacobi:{L}:coupled:point"),
                   ("eagle", "jacobi:{L}:coupled"), ("eagle", "jacobi:{L}:gumbel"), ("gsd", "jacobi:{L}:point"),
-                  ("cool:delta=2", "jacobi:{L}:coupled"))
+                  ("gsd:residual=gstar", "jacobi:{L}:point"),
+                  *((f"cool:delta={delta}", "jacobi:{L}:coupled") for delta in (1.1, 1.5, 2, 3, 4)))
 PRESETS = (*SWEEPS, "paper", "jacobi")
 
 
 def preset_methods(preset: str, draft: str) -> list[tuple[str, str]]:
     """(method spec, draft spec) pairs of a preset: a sweep runs on ``draft``; ``paper`` is Eagle-1 and every
-    sweep on each of :data:`PAPER_DRAFTS`; ``jacobi`` the drafter-free methods (SJD, SCD, Gumbel coupling, GSD,
-    COOL-SD on coupled drafts) on each of :data:`JACOBI_WINDOWS` (AR, which drafts nothing, is added once by the
+    sweep on each of :data:`PAPER_DRAFTS`; ``jacobi`` the drafter-free methods (SJD, SCD, Gumbel coupling, GSD with
+    either residual, COOL-SD's delta grid on coupled drafts) on each of :data:`JACOBI_WINDOWS` (AR, which drafts nothing, is added once by the
     benchmark)."""
     if preset == "paper":
         return [(spec, paper_draft) for paper_draft in PAPER_DRAFTS

@@ -140,11 +140,11 @@ class Bundle:
             self._neighbours["table"] = cached
         return cached[:, :count]
 
-    def weights_digest(self) -> str | None:
-        """The sha256 of the target's weights file in the bundle's directory (None for one built in memory or
-        loaded from elsewhere): what a shipped study records, so that a retrained model of the same name does not
-        pass for the one it measured."""
-        weights = self.path / "target.safetensors" if self.path is not None else None
+    def weights_digest(self, file: str = "target.safetensors") -> str | None:
+        """The sha256 of a weights file in the bundle's directory (the target's by default; None for one built in
+        memory or loaded from elsewhere): what a shipped study records, so that a retrained model of the same name
+        does not pass for the one it measured."""
+        weights = self.path / file if self.path is not None else None
         if weights is None or not weights.exists():
             return None
         stat = weights.stat()
