@@ -25,7 +25,8 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ from .memory import available_memory, gigabytes
 from .params import check
 from .rules import AcceptanceRule
 from .sampling import SamplingConfig, probabilities, sample
-from .sources import DraftSource, DrafterSource, gather_rows
+from .sources import DrafterSource, DraftSource, gather_rows
 from .sources import causal_mask as causal
 from .stats import FIRST, GenerationStats, Round, Timer, add_rounds, record_widths
 from .trees import DraftTree
@@ -243,12 +244,13 @@ def rounds_needed(remaining: int, depth: int) -> int:
     return math.ceil(remaining / (depth + 1))
 
 
-def run_rounds(ws: Workspace, runner: PhaseRunner) -> list[int]:
+def run_rounds(ws: Workspace, runner: PhaseRunner, peek: Callable[[list[int]], None] | None = None) -> list[int]:
     """Enqueue rounds until every image is done, reading the least advanced image's length only once the rounds
     it surely needs are queued (the one host read between rounds; on CUDA it waits for them). Each round emits
     at least one token per unfinished image, so the host knows a lower bound on every length, and drafts no
-    deeper than the least advanced image can still use (a captured drafting phase per depth). Returns the
-    drafter levels each round ran."""
+    deeper than the least advanced image can still use (a captured drafting phase per depth). ``peek`` (a live
+    view) is called after every round with the drafter levels run so far. Returns the drafter levels each
+    round ran."""
     images, depth = ws.target.image_tokens, ws.tree.depth
     levels_run, emitted = [], 1
     while emitted < images:
@@ -257,9 +259,33 @@ def run_rounds(ws: Workspace, runner: PhaseRunner) -> list[int]:
             if levels > 0 and ws.source.drafting_phase:
                 runner.run(ws, f"drafting:{levels}", functools.partial(draft_phase, levels=levels))
             runner.run(ws, "verification", verify_phase)
+            ws.timer.tick()
             levels_run.append(max(levels, 0) if ws.source.drafting_phase else 0)
+            if peek is not None:
+                peek(levels_run)
         emitted = int(ws.n.min())
     return levels_run
+
+
+@dataclass
+class Watch:
+    """A live view of a generation: between two rounds, at most every ``interval`` seconds, the images so far
+    (their tokens and finished rounds, read back from the device: one host read, which a CUDA round otherwise
+    avoids) go to ``show``. Its time is left out of the generation's timings."""
+
+    show: Callable[[list[Generation]], None]
+    interval: float = 0.1
+    last: float = -math.inf
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.last >= self.interval
+
+
+def snapshot(ws: Workspace, stats: list[GenerationStats], levels_run: list[int]) -> list[Generation]:
+    """The images so far: each one's emitted tokens and its finished rounds (``stats``: fresh records)."""
+    tokens = read_back(ws, stats, levels_run)
+    return [Generation(image_tokens[:image_stats.tokens], image_stats)
+            for image_tokens, image_stats in zip(tokens, stats)]
 
 
 def read_back(ws: Workspace, stats: list[GenerationStats], levels_run: list[int]) -> list[list[int]]:
@@ -347,11 +373,12 @@ def new_stats(rule: AcceptanceRule, tree: DraftTree, sampling: SamplingConfig, c
 @torch.inference_mode()
 def decode_batch(target: Target, drafter: Drafter | None, conditions: Sequence[Any], rule: AcceptanceRule,
                  tree: DraftTree, sampling: SamplingConfig, seeds: Sequence[int], capture: bool = False,
-                 runner: PhaseRunner = EAGER) -> list[Generation]:
+                 runner: PhaseRunner = EAGER, watch: Watch | None = None) -> list[Generation]:
     """Generate one image per (condition, seed), all in lockstep rounds (spec section 9): image ``b``'s tokens
     are those of decoding it alone with ``seeds[b]``. ``tree`` empty (or a rule that does not draft, AR) =
     vanilla AR: one token per target forward. ``runner`` runs the round's phases (eagerly, or as CUDA graphs).
-    Every image's statistics carry the batch's timings."""
+    ``watch``: a live view, shown the images so far between rounds. Every image's statistics carry the batch's
+    timings, and the end of each of its rounds."""
     tree = tree if rule.drafts else EMPTY
     if tree.size and tree.needs_drafter and drafter is None:
         raise ValueError("this model has no drafter: only method 'ar' or a Jacobi draft (e.g. jacobi:16) is available")
@@ -367,38 +394,51 @@ def decode_batch(target: Target, drafter: Drafter | None, conditions: Sequence[A
         ws.reset(seeds)
         ws.timer = Timer(events=ws.device.type == "cuda")
         prefill(ws, conditions)
-        levels_run = run_rounds(ws, runner)
+        ws.timer.tick()  # the prefill's first token is round 0
+
+        def peek(levels_run: list[int]) -> None:
+            if watch is not None and watch.due():
+                shown = time.perf_counter()
+                watch.show(snapshot(ws, [new_stats(rule, tree, sampling, c, s, batch) for c, s in zip(conditions, seeds)],
+                                    levels_run))
+                watch.last = time.perf_counter()
+                ws.timer.excluded += watch.last - shown
+
+        levels_run = run_rounds(ws, runner, peek if watch is not None else None)
         phases = ws.timer.finish()  # on CUDA: the one wait for the device's timing events
         tokens = read_back(ws, stats, levels_run)
-    seconds = dict(phases, total=time.perf_counter() - began)
+    seconds = dict(phases, total=time.perf_counter() - began - ws.timer.excluded)
     seconds["other"] = seconds["total"] - sum(phases.values())
     for image_stats in stats:
         image_stats.seconds = dict(seconds)
+        image_stats.round_ends = ws.timer.round_ends[:image_stats.target_forwards]
     return [Generation(image_tokens, image_stats) for image_tokens, image_stats in zip(tokens, stats)]
 
 
 def decode(target: Target, drafter: Drafter | None, condition: Any, rule: AcceptanceRule, tree: DraftTree,
-           sampling: SamplingConfig, seed: int, capture: bool = False, runner: PhaseRunner = EAGER) -> Generation:
+           sampling: SamplingConfig, seed: int, capture: bool = False, runner: PhaseRunner = EAGER,
+           watch: Watch | None = None) -> Generation:
     """Generate one image's tokens: :func:`decode_batch` of one."""
-    return decode_batch(target, drafter, [condition], rule, tree, sampling, [seed], capture, runner)[0]
+    return decode_batch(target, drafter, [condition], rule, tree, sampling, [seed], capture, runner, watch)[0]
 
 
 def generate_batch(bundle, conditions: Sequence[Any], rule: AcceptanceRule, draft: DraftTree | None = None,
                    sampling: SamplingConfig | None = None, seeds: Sequence[int] = (0,),
-                   capture: bool = False) -> list[Generation]:
+                   capture: bool = False, watch: Watch | None = None) -> list[Generation]:
     """Images' tokens and statistics from a model bundle (anything with ``target``, ``drafter``, a default
     ``sampling`` and a phase ``runner``): one per (condition, seed) pair, decoded together in lockstep rounds
     (``conditions``: class ids, or a model's condition objects), with an acceptance ``rule`` object, a ``draft``
     tree (ignored by rules that do not draft) and ``sampling`` (default: the bundle's)."""
     return decode_batch(bundle.target, bundle.drafter, conditions, rule, draft or EMPTY, sampling or bundle.sampling,
-                        seeds, capture=capture, runner=getattr(bundle, "runner", EAGER))
+                        seeds, capture=capture, runner=getattr(bundle, "runner", EAGER), watch=watch)
 
 
 def generate(bundle, condition: Any, rule: AcceptanceRule, draft: DraftTree | None = None,
-             sampling: SamplingConfig | None = None, seed: int = 0, capture: bool = False) -> Generation:
+             sampling: SamplingConfig | None = None, seed: int = 0, capture: bool = False,
+             watch: Watch | None = None) -> Generation:
     """One image's tokens and statistics from a model bundle: :func:`generate_batch` of one."""
-    return generate_batch(bundle, [condition], rule, draft, sampling, [seed], capture)[0]
+    return generate_batch(bundle, [condition], rule, draft, sampling, [seed], capture, watch)[0]
 
 
-__all__ = ["EMPTY", "Generation", "Workspace", "accept", "batch_memory", "check_batch_memory", "decode",
+__all__ = ["EMPTY", "Generation", "Watch", "Workspace", "accept", "batch_memory", "check_batch_memory", "decode",
            "decode_batch", "draft_phase", "generate", "generate_batch", "prefill", "score", "verify_phase", "walk"]

@@ -113,6 +113,24 @@ class Timer:
     seconds: dict[str, float] = field(default_factory=lambda: {"drafting": 0.0, "target_forward": 0.0,
                                                                 "acceptance": 0.0})
     marks: list = field(default_factory=list)
+    ticks: list = field(default_factory=list)  # one per round's end (a CUDA event, or the host clock on a CPU)
+    round_ends: list[float] = field(default_factory=list)  # seconds from the start to each tick, after finish
+    excluded: float = 0.0  # host seconds spent on something else (a live view's read-back), left out of the ticks
+
+    def __post_init__(self) -> None:
+        self.started = self.now()
+
+    def now(self):
+        """A point in time: a recorded CUDA event (no host synchronisation), or the host clock."""
+        if not self.events:
+            return time.perf_counter() - self.excluded
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def tick(self) -> None:
+        """A round ended (the race view replays the rounds at these times)."""
+        self.ticks.append(self.now())
 
     @contextmanager
     def phase(self, name: str):
@@ -139,6 +157,8 @@ class Timer:
         for name, began, ended in self.marks:
             self.seconds[name] += began.elapsed_time(ended) / 1000
         self.marks.clear()
+        self.round_ends = [self.started.elapsed_time(tick) / 1000 if self.events else tick - self.started
+                           for tick in self.ticks]
         return self.seconds
 
 
@@ -178,6 +198,7 @@ class GenerationStats:
     captured: list[dict] = field(default_factory=list)  # (depth, p, q) of first candidates, when asked
     condition: dict = field(default_factory=dict)  # {"class_id": 3}, or a caption's description
     batch: int = 1  # images decoded together in lockstep rounds; ``seconds`` are the whole batch's
+    round_ends: list[float] = field(default_factory=list)  # seconds from the start to the end of each round
 
     def emit(self, token_origin: str, depth: int = 0, accept_prob: float = math.nan, source: str = "") -> None:
         self.token_origin.append(token_origin)
