@@ -30,17 +30,20 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
 limit_malloc_arenas()  # before any worker thread exists
 say("importing gradio and torch")
 import dataclasses  # noqa: E402
+import functools
+import inspect
 import logging  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypedDict  # noqa: E402
 
 import gradio as gr  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
-from coolsd.app import models, session, tour, views  # noqa: E402
+from coolsd.app import frames, models, session, tour, views  # noqa: E402
 from coolsd.app.controls import (  # noqa: E402
     OMEGA_LINE,
     control_defaults,
@@ -153,8 +156,10 @@ def unchecked(component: gr.components.Component) -> gr.components.Component:
     """``component`` (a slider or number box) passing a typed value on as it is, for our schema to check
     (``Param.check``: one message that names the parameter): Gradio's own check raises an unnamed range error
     once per event that reads the control. (A subclass would do the same, but Gradio writes a ``.pyi`` file
-    next to the module of every component subclass.)"""
+    next to the module of every component subclass.) Gradio rebuilds a component whose properties a handler
+    updates (a range, its visibility): :meth:`Explorer.postprocess_data` marks the rebuilt one again."""
     component.preprocess = lambda payload: payload
+    component.unchecked = True
     return component
 
 
@@ -191,6 +196,11 @@ def parse(values, progress=None, load: bool = True) -> tuple[Bundle, session.Req
     named = dict(zip(names, values))
     bundle = checked(lambda: MODELS.get(named["model"], progress, load=load))
     named["model"] = MODELS.key(named["model"])
+    for name, param in ranged_params().items():  # typed out of range: its own event warned and set it back
+        fix = corrected(param, named[name], bundle.config.vocab_size if name == "top_k" else None) \
+            if name in named else None
+        if fix is not None:
+            named[name] = fix[0]
     return bundle, checked(lambda: session.parse_controls(bundle, list(named.values())))
 
 
@@ -211,8 +221,13 @@ def with_progress(callback: Callable, session: bool = False) -> Callable:
     def run(request: gr.Request, progress=gr.Progress(), *values):
         extra = {"session": session_of(request)} if session else {}
         return callback(*values, progress=progress, **extra)
-    run.__name__ = callback.__name__
-    return run
+
+    def stream(request: gr.Request, progress=gr.Progress(), *values):  # noqa: B008 (as run's: Gradio's marker)
+        yield from run(request, progress, *values)
+
+    wrapped = stream if inspect.isgeneratorfunction(callback) else run
+    wrapped.__name__ = callback.__name__
+    return wrapped
 
 
 def on_check(*values) -> None:
@@ -221,21 +236,58 @@ def on_check(*values) -> None:
     parse(values, load=False)
 
 
+class Replaced(Exception):
+    """Raised in a generation's live view once a newer click of its browser session has replaced it."""
+
+
+# The generations whose pictures are streamed while they run (a few long-lived threads: a thread per request
+# would give the allocator a new arena each time).
+LIVE_RUNS = ThreadPoolExecutor(2, thread_name_prefix="live")
+LIVE_INTERVAL = session.LIVE_INTERVAL
+
+
 def on_generate(*values, progress=None, session: str | None = None):
-    """The Generate button: validate, run, and show both images (figures and timings follow). The result is the
-    session's newest from now on (:data:`LATEST`)."""
+    """The Generate button: validate, then run both images while showing them drawn round by round (at most
+    every ``session.LIVE_INTERVAL`` seconds; figures and timings follow). The result is the session's newest
+    from the click on (:data:`LATEST`): an older request still running is stale."""
     bundle, request = parse(values, progress)
+    serial = LATEST.claim(session)
     started = time.perf_counter()
-    result = checked(lambda: run_comparison(request, progress))
-    result.serial = LATEST.claim(session)
+    shown: dict = {}
+
+    def live(run: str, generation) -> None:
+        if not LATEST.current(session, serial):  # a newer click: stop decoding this one (its runs end here)
+            raise Replaced
+        shown[run] = generation
+
+    running = LIVE_RUNS.submit(run_comparison, request, None, None if spaces is not None else live)
+    drawn: dict = {}
+    length = bundle.config.image_tokens
+    method_label, eagle_label = views.image_labels(request)
+    while not wait([running], timeout=LIVE_INTERVAL).done:
+        fresh = {run: generation for run, generation in list(shown.items()) if drawn.get(run) is not generation}
+        if not fresh or not LATEST.current(session, serial):
+            continue
+        drawn.update(fresh)
+        if progress is not None and "method" in drawn:
+            progress(len(drawn["method"].tokens) / length, desc=f"Generating with {request.label}")
+        pictures = {run: views.live_picture(bundle, generation) for run, generation in fresh.items()}
+        yield (pictures.get("method", gr.skip()), pictures.get("eagle", gr.skip()), gr.skip(),
+               views.live_caption(request, drawn, length), gr.skip(), gr.skip())
+    if not LATEST.current(session, serial):
+        log.info("generate %s seed=%d: stopped after %.2fs, a newer click replaced it", request.label, request.seed,
+                 time.perf_counter() - started)
+        yield tuple(gr.skip() for _ in range(6))  # the newer click's images are (or will be) on the page
+        return
+    result = checked(running.result)
+    result.serial = serial
     condition = f"class={request.class_id}" if request.class_id is not None else f"prompt={clip(request.prompt, 60)!r}"
     log.info("generate %s model=%s %s seed=%d: %.2fs", request.label, request.model, condition, request.seed,
              time.perf_counter() - started)
     rounds = len(result.method.stats.rounds)
-    method_label, eagle_label = views.image_labels(request)
-    return (gr.update(value=views.enlarge(result.images["method"]), label=method_label),
-            gr.update(value=views.enlarge(result.images["eagle"]), label=eagle_label), views.timing_table(result),
-            views.caption(bundle, request), gr.update(maximum=max(1, rounds - 1), value=0), result)
+    yield (gr.update(value=views.enlarge(result.images["method"]), label=method_label),
+           gr.update(value=views.enlarge(result.images["eagle"]), label=eagle_label), views.timing_table(result),
+           views.caption(bundle, request), gr.update(maximum=max(1, rounds - 1), value=0), result)
 
 
 def stale(result, request: gr.Request | None) -> bool:
@@ -256,17 +308,21 @@ def on_figures(result, metric, families=None, narrow=False, request: gr.Request 
             *tradeoff_outputs(bundle, result, metric, families, narrow))
 
 
-def on_timing(result, request: gr.Request | None = None):
+def on_timing(result, request: gr.Request | None = None, progress=None):
     """Latencies of AR, Eagle-1 and the chosen method, measured now in interleaved repeats (after the images
-    and figures, so that nobody waits for them to see a picture). They belong to ``result``'s request: when a
-    newer generation of the session replaces it, before or during the measurement, the measurement stops and
-    nothing is shown; the ``result`` state keeps the newer one."""
-    if stale(result, request) or result.timing is not None:
+    and figures, so that nobody waits for them to see a picture), with a progress bar. They belong to
+    ``result``'s request: when a newer generation of the session replaces it, before or during the measurement,
+    the measurement stops and nothing is shown; the ``result`` state keeps the newer one."""
+    def replaced() -> bool:
+        return stale(result, request)
+
+    if replaced() or result.timing is not None:
         return gr.skip(), gr.skip()
     started = time.perf_counter()
-    stop = None if spaces is not None else (lambda: stale(result, request))  # ZeroGPU: arguments are pickled
-    timing = checked(lambda: measure(result.request, stop=stop))
-    dropped = timing is None or stale(result, request)
+    local = spaces is None  # ZeroGPU: arguments are pickled
+    timing = checked(lambda: measure(result.request, stop=replaced if local else None,
+                                     progress=progress if local else None))
+    dropped = timing is None or replaced()
     log.info("timing %s seed=%d: %.2fs%s", result.request.label, result.request.seed, time.perf_counter() - started,
              " (dropped: a newer generation replaced it)" if dropped else "")
     if dropped:
@@ -275,22 +331,53 @@ def on_timing(result, request: gr.Request | None = None):
     return views.timing_table(timed), timed
 
 
-def run_comparison(request, progress):
-    return session.compare(bundle_of(request), request, progress)
+def on_timing_with_progress(result, request: gr.Request, progress=gr.Progress()):  # noqa: B008 (Gradio's marker)
+    """:func:`on_timing` as Gradio must see it to pass the request and a progress bar."""
+    return on_timing(result, request, progress)
+
+
+def run_comparison(request, progress, live=None):
+    return session.compare(bundle_of(request), request, progress, live)
 
 
 def run_batch(request, seeds: list[int]):
     return session.compare_batch(bundle_of(request), request, seeds)
 
 
-def measure(request, repeats: int = session.TIMING_REPEATS, stop: Callable[[], bool] | None = None):
-    return session.measure_speed(bundle_of(request), request, repeats, stop)
+def measure(request, repeats: int = session.TIMING_REPEATS, stop: Callable[[], bool] | None = None, progress=None):
+    return session.measure_speed(bundle_of(request), request, repeats, stop, progress)
 
 
 if spaces is not None:
     run_comparison = spaces.GPU(duration=60)(run_comparison)
     run_batch = spaces.GPU(duration=60)(run_batch)
     measure = spaces.GPU(duration=60)(measure)
+
+
+RACE_WAITING = "The race starts once the timing run has measured every round of AR, Eagle-1 and this method."
+
+
+def on_race(result, request: gr.Request | None = None):
+    """The race: AR, Eagle-1 and the chosen method replayed side by side on one clock, each round ending at its
+    measured time, all slowed by one factor so that the slowest takes ``frames.RACE_SECONDS`` (at most
+    ``frames.FRAMES_PER_SECOND`` pictures a second). A newer generation of the session stops it."""
+    if result is None or result.timing is None or not result.timing.runs:
+        yield gr.skip(), RACE_WAITING
+        return
+    if stale(result, request):
+        return
+    bundle = bundle_of(result.request)
+    lanes = views.race_lanes(bundle, result)
+    factor, grid = frames.slowdown(lanes), views.grid_of(bundle)
+    began = time.perf_counter()
+    for clock in frames.race_clocks(lanes, factor):
+        if stale(result, request):
+            return
+        time.sleep(max(0.0, began + clock * factor - time.perf_counter()))
+        table = frames.race_table(lanes, clock, factor)
+        finished = all(clock >= lane.finish for lane in lanes)
+        yield (gr.update(value=frames.race_frame(lanes, grid, clock), visible=True),
+               (frames.race_verdict(lanes) + "\n\n" if finished else "") + table)
 
 
 def theory_outputs(result, request, source, toy_seed, narrow=False):
@@ -346,6 +433,13 @@ def on_mu_auto(mu_auto, nu, draft, schedule):
         return gr.update(visible=True)
     param = schema("mu")
     return gr.update(visible=True, value=round(min(max(value, param.low), param.high), 2))
+
+
+def on_round(result, round_index):
+    """A typed Round: outside the last generation's rounds, one warning and the nearest round, as for every
+    other typed number (:func:`on_range`)."""
+    rounds = len(result.method.stats.rounds) if result is not None else 2
+    return on_range(Param("round", 0, max(1, rounds - 1), 0, 1, "Round", integer=True))(round_index)
 
 
 def on_replay(result, round_index, narrow=False):
@@ -486,6 +580,14 @@ class Explorer(gr.Blocks):
         app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(KnownEndpoints, blocks=self)]
         return super().launch(*args, app_kwargs=app_kwargs, **kwargs)
 
+    async def postprocess_data(self, block_fn, predictions, state):
+        """Gradio's, then every output it rebuilt from an :func:`unchecked` one made unchecked too."""
+        outputs = await super().postprocess_data(block_fn, predictions, state)
+        for block in block_fn.outputs:
+            if getattr(block, "unchecked", False) and state is not None and block._id in state:
+                unchecked(state[block._id])
+        return outputs
+
     async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
         self.validate_inputs(block_fn, inputs)  # its own message (Gradio's call of it then passes)
         try:
@@ -532,7 +634,9 @@ class KnownEndpoints:
 SESSIONS_KEPT = 64  # per-session results (about 1 MB each) kept for at most this many browser sessions
 
 CSS = """
-.pixelated img { image-rendering: pixelated; }
+.pixelated img, .race-picture img { image-rendering: pixelated; }
+#generate { position: sticky; bottom: 8px; z-index: 20; box-shadow: 0 2px 10px rgba(0, 0, 0, 0.25); }
+.gradio-container { overflow: clip !important; }  /* clips as Gradio's "hidden" does, but lets #generate stick */
 .timings table { width: 100%; font-size: 0.9em; }
 .timings th, .timings td { white-space: normal; overflow-wrap: normal !important; word-break: normal !important;
                            padding: 4px 6px !important; }
@@ -574,6 +678,9 @@ def settings_panel(start: dict) -> tuple[dict, list[gr.Column]]:
     Generate."""
     named: dict = {"model": gr.Dropdown([(choice.label, choice.key) for choice in MODELS.choices()],
                                         value=start["model"], label="Model", elem_id="model")}
+    notes = models.warnings()  # broken COOLSD_MODELS entries (met while listing the choices): in the log and here
+    gr.Markdown("\n".join(f"⚠️ {views.plain(note, 400)}  " for note in notes), visible=bool(notes),
+                elem_id="model-warnings")
     named["method"] = gr.Radio(list(session.method_entries()), value=start["method"], label="Method")
     with gr.Row():
         named["presets"] = {gr.Button(text, size="sm"): values for text, values in PRESETS.items()}
@@ -599,20 +706,41 @@ def settings_panel(start: dict) -> tuple[dict, list[gr.Column]]:
         for name in ("cfg_scale", "temperature", "top_k", "top_p"):
             top = {"maximum": BUNDLE.config.vocab_size} if name == "top_k" else {}
             named[name] = slider(PARAMS[name], value=start[name], **top)
-    named["run"] = gr.Button("Generate", variant="primary")
+    # last among the settings, but pinned to the window's bottom while they are in view (CSS: #generate)
+    named["run"] = gr.Button("Generate", variant="primary", elem_id="generate")
     return named, boxes
+
+
+def first_images() -> dict:
+    """What the images show before any click: both runs of the starting settings, made once at start-up (not on
+    ZeroGPU, where no CUDA work may run outside a request), with a caption that says so."""
+    start = defaults()
+    request = session.parse_controls(BUNDLE, [start[name] for name in session.value_names()])
+    labels = views.image_labels(request)
+    if spaces is not None:
+        return {"caption": "Press **Generate**.", "labels": labels}
+    made = session.compare(BUNDLE, request)
+    return {"method": views.enlarge(made.images["method"]), "eagle": views.enlarge(made.images["eagle"]),
+            "labels": labels, "caption": f"{views.caption(BUNDLE, request)} Made at start-up with the settings on "
+                                         "the left: press **Generate** to watch it drawn, and to time it."}
 
 
 def results_panel() -> dict:
     """The right column: both images, the timing table, and the figure tabs."""
-    named: dict = {"caption": gr.Markdown("Press **Generate**.", elem_id="caption")}
+    first = FIRST_IMAGES
+    named: dict = {"caption": gr.Markdown(first["caption"], elem_id="caption")}
     with gr.Row():
-        named["image_method"] = gr.Image(label="Chosen method", type="pil", format="png", height=300,
-                                         elem_classes="pixelated", interactive=False)
-        named["image_eagle"] = gr.Image(label="Eagle-1 (lossless)", type="pil", format="png", height=300,
-                                        elem_classes="pixelated", interactive=False)
+        named["image_method"] = gr.Image(first.get("method"), label=first["labels"][0], type="pil", format="png",
+                                         height=300, elem_classes="pixelated", interactive=False)
+        named["image_eagle"] = gr.Image(first.get("eagle"), label=first["labels"][1], type="pil", format="png",
+                                        height=300, elem_classes="pixelated", interactive=False)
     named["timings"] = gr.Markdown(elem_classes="timings", elem_id="timings")
-    with gr.Tabs():
+    with gr.Tabs(overflow_behavior="wrap"):  # every tab's name in view, on two lines on a phone
+        with gr.Tab("Race"):
+            named["race_image"] = gr.Image(show_label=False, type="pil", format="png", interactive=False,
+                                           elem_id="race-image", elem_classes="race-picture", visible=False)
+            named["race_text"] = gr.Markdown(RACE_WAITING, elem_id="race-text", elem_classes="timings")
+            named["race_again"] = gr.Button("▶ Race again", size="sm")
         with gr.Tab("Per position"):
             named["per_position"] = gr.Plot(show_label=False)
         with gr.Tab("Accepted lengths"):
@@ -622,7 +750,8 @@ def results_panel() -> dict:
             named["map_eagle"] = gr.Plot(show_label=False, min_width=340)
         with gr.Tab("Replay"):
             with gr.Row():
-                named["round_slider"] = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="round-slider")
+                named["round_slider"] = unchecked(gr.Slider(0, 1, value=0, step=1, label="Round",
+                                                            elem_id="round-slider"))
                 named["play"] = gr.Button("▶ Play", size="sm")
             named["replay_plot"] = gr.Plot(show_label=False, elem_id="replay-plot")
         with gr.Tab("Theory"):
@@ -720,6 +849,9 @@ def on_reset(model):
 
 RANDOM_SEED = f"() => Math.floor(Math.random() * {PARAMS['seed'].high + 1})"  # in the browser: no endpoint
 NARROW = "() => window.innerWidth < 600"  # a phone: figures drawn for a panel about 360 px wide
+# on a phone the images are below the settings: scroll them into view, to watch them drawn
+SHOW_IMAGES = ("() => { if (window.innerWidth < 600) document.querySelector('#caption')"
+               ".scrollIntoView({behavior: 'smooth'}); }")
 
 
 def ranged_params() -> dict[str, Param]:
@@ -773,18 +905,22 @@ def generation_steps(ui: dict, start: Callable) -> None:
     start(on_check, inputs, None, **PRIVATE).success(
         with_progress(on_generate, session=True), inputs, [ui[name] for name in (
             "image_method", "image_eagle", "timings", "caption", "round_slider", "result")],
-        concurrency_id="generate", **PRIVATE).then(
+        concurrency_id="generate", show_progress_on=ui["timings"], trigger_mode="multiple", **PRIVATE).then(
         on_figures, [ui[name] for name in ("result", "metric", "families", "narrow")], [ui[name] for name in (
             "per_position", "lengths", "map_method", "map_eagle", "replay_plot", "theory_plot", "theory_md",
             "tradeoff_plot", "tradeoff_note")], trigger_mode="always_last", **PRIVATE).then(
-        on_timing, ui["result"], [ui["timings"], ui["result"]], concurrency_id="generate", show_progress="minimal",
-        trigger_mode="always_last", **PRIVATE)  # "once" would drop a newer request's step while an older one's runs
+        on_timing_with_progress, ui["result"], [ui["timings"], ui["result"]], api_name="on_timing",
+        concurrency_id="generate", show_progress_on=ui["timings"], trigger_mode="always_last", **PRIVATE).then(
+        on_race, ui["result"], [ui["race_image"], ui["race_text"]], concurrency_id="race", concurrency_limit=8,
+        show_progress="hidden", trigger_mode="always_last", **PRIVATE)
+    # "once" would drop a newer request's step while an older one's runs
 
 
 def wire_generation(demo: gr.Blocks, ui: dict) -> None:
     """Generate (the button, and the tour's steps that generate); the theory panel follows the method's
     controls, from page load on."""
-    generation_steps(ui, ui["run"].click)
+    generation_steps(ui, functools.partial(ui["run"].click, trigger_mode="multiple"))  # the last click wins
+    ui["run"].click(None, js=SHOW_IMAGES)
     outputs = [ui[name] for name in tour_controls()] + [ui["tour_text"]]
     for index, button in enumerate(ui["tour_buttons"]):
         step = button.click(tour_step(index), None, outputs, **PRIVATE)
@@ -796,9 +932,13 @@ def wire_generation(demo: gr.Blocks, ui: dict) -> None:
     gr.on([demo.load] + [control.change for control in (*method_values, ui["source"], ui["toy_seed"])], on_theory,
           [ui["result"], *inputs, ui["source"], ui["toy_seed"], ui["narrow"]], [ui["theory_plot"], ui["theory_md"]],
           show_progress="hidden", trigger_mode="always_last", **PRIVATE)
+    ui["round_slider"].input(on_round, [ui["result"], ui["round_slider"]], ui["round_slider"],
+                             show_progress="hidden", **PRIVATE)
     ui["round_slider"].change(on_replay, [ui["result"], ui["round_slider"], ui["narrow"]], ui["replay_plot"],
                               show_progress="hidden", **PRIVATE)
     ui["play"].click(on_play, ui["result"], ui["round_slider"], **PRIVATE)
+    ui["race_again"].click(on_race, ui["result"], [ui["race_image"], ui["race_text"]], concurrency_id="race",
+                           show_progress="hidden", **PRIVATE)
     gr.on([ui["metric"].input, ui["families"].input], on_metric,
           [ui[name] for name in ("result", "metric", "families", "model", "narrow")],
           [ui["tradeoff_plot"], ui["tradeoff_note"]], **PRIVATE)
@@ -860,6 +1000,8 @@ def build_demo() -> Explorer:
     return demo
 
 
+say("making the first images")
+FIRST_IMAGES = first_images()
 say("building the interface")
 demo = build_demo()
 

@@ -2,23 +2,28 @@
 
 import json
 import logging
+import statistics
+import time
 from collections import Counter
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
 import pytest
+import torch
 from helpers import DESKTOP_MAP_PANEL, DESKTOP_PANEL, PHONE_PANEL, small_texts
 from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from PIL import Image
 
 import app
-from coolsd.app import plots, session, tour, views
+from coolsd.app import frames, plots, session, tour, views
 from coolsd.core.params import PARAMS
 from coolsd.core.rules import param as method_param
 from coolsd.core.rules import resolve_mu
 from coolsd.core.trees import parse_draft
+from coolsd.models.bundle import Bundle, Drafter, Transformer
+from coolsd.models.config import ModelConfig
 
 
 def no_progress(*args, **kwargs):
@@ -26,6 +31,12 @@ def no_progress(*args, **kwargs):
 
 
 ALIASES = {"lam": "lambda", "cfg": "cfg_scale"}  # "lambda" cannot be a keyword argument
+
+
+def last(outputs):
+    """The last of a streaming handler's outputs (Generate yields pictures of the runs in progress first)."""
+    *_, final = outputs
+    return final
 
 
 def named_controls(**overrides):
@@ -43,7 +54,7 @@ def controls(**overrides):
 
 @pytest.fixture(scope="module")
 def generated():
-    return app.on_generate(*controls(), progress=no_progress)
+    return last(app.on_generate(*controls(), progress=no_progress))
 
 
 def test_generate_fills_every_output(generated):
@@ -80,6 +91,72 @@ def test_timing_is_measured_in_the_request_with_its_spread(generated):
     assert "measuring" not in table
 
 
+def test_the_timing_run_reports_its_progress_and_keeps_each_runs_median_repeat(generated):
+    """A progress step before each of the 3 x 5 timed runs, in order; each run's kept generation is its repeat
+    of median latency (5 repeats: the median itself), with the images' tokens."""
+    said = []
+    _, timed = app.on_timing(generated[5], None, lambda fraction, desc: said.append((fraction, desc)))
+    timing, runs = timed.timing, 3 * session.TIMING_REPEATS
+    assert [fraction for fraction, _ in said] == pytest.approx([k / runs for k in range(runs)])
+    assert said[-1][1] == f"Timing AR, Eagle-1 and COOL-SD: repeat {session.TIMING_REPEATS} of {session.TIMING_REPEATS}"
+    for run in ("ar", "eagle", "method"):
+        assert timing.runs[run].stats.seconds["total"] == statistics.median(timing.seconds[run])
+    assert timing.runs["method"].tokens == generated[5].method.tokens
+    assert timing.runs["eagle"].tokens == generated[5].eagle.tokens
+
+
+def test_the_race_plays_every_lane_to_its_measured_finish(generated, monkeypatch):
+    """The race after a timing (its pauses skipped): AR, Eagle-1 and COOL-SD, each lane finishing at its median
+    latency in the table, first to last in that order; the last frame names the fastest."""
+    _, timed = app.on_timing(generated[5])
+    monkeypatch.setattr(app.time, "sleep", lambda seconds: None)
+    shown = list(app.on_race(timed))
+    assert len(shown) >= frames.RACE_SECONDS * frames.FRAMES_PER_SECOND
+    finished_at = {}
+    for index, (picture, text) in enumerate(shown):
+        assert picture["visible"] and isinstance(picture["value"], Image.Image)
+        for line in text.splitlines():
+            if "finished at" in line:
+                finished_at.setdefault(line.split(" | ")[0].strip("| "), index)
+    medians = {name: timed.timing.latency(run)[0] for run, name in (("ar", "AR"), ("eagle", "Eagle-1"),
+                                                                    ("method", "COOL-SD"))}
+    assert sorted(finished_at, key=finished_at.get) == sorted(medians, key=medians.get)
+    for name, seconds in medians.items():
+        assert f"| {name} | 64 / 64 |" in shown[-1][1] and f"finished at {seconds * 1000:.1f} ms" in shown[-1][1]
+    fastest = min(medians, key=medians.get)
+    assert shown[-1][1].startswith(f"**{fastest} finished first**")
+    assert list(app.on_race(generated[5])) == [(gr.skip(), app.RACE_WAITING)]  # not timed yet: nothing to race
+
+
+@pytest.fixture(scope="module")
+def slow_model():
+    """A random model of 24 x 24 tokens and 8 layers of width 192 (about a second a generation on one core):
+    slow enough to be watched, in the selector as "slow"."""
+    config = ModelConfig(vocab_size=256, dim=192, n_layer=8, n_head=4, num_classes=10, grid_height=24, grid_width=24)
+    torch.manual_seed(0)
+    codes = torch.nn.functional.normalize(torch.randn(config.vocab_size, 8), dim=-1)
+    app.MODELS.loaded["slow"] = Bundle(Transformer(config).eval(), Drafter(config).eval(), codes, name="slow",
+                                       class_names=app.BUNDLE.class_names)
+    yield "slow"
+    del app.MODELS.loaded["slow"]
+
+
+def test_generate_streams_pictures_of_the_runs_at_most_ten_times_a_second(slow_model):
+    """On a slow model Generate shows the runs in progress: two or more different pictures of the chosen
+    method with a caption saying how far each run has got, at least 0.1 s apart, then the final images."""
+    stamps, outputs = [], []
+    for output in app.on_generate(*controls(model=slow_model), progress=no_progress):
+        stamps.append(time.perf_counter())
+        outputs.append(output)
+    *live, final = outputs
+    pictures = [np.asarray(output[0]) for output in live if isinstance(output[0], Image.Image)]
+    assert len({picture.tobytes() for picture in pictures}) >= 2
+    assert all(output[3].startswith("Generating… **COOL-SD (chain:5)**: ") for output in live)
+    assert min(np.diff(stamps[:-1]), default=1) >= 0.95 * session.LIVE_INTERVAL
+    assert final[5].method.stats.tokens == 576 and "seed 0" in final[3]
+    assert np.asarray(final[0]["value"]).shape == pictures[-1].shape  # the final image, as large as the live ones
+
+
 def test_speedup_compares_runs_of_the_same_repeat():
     """Median AR / median run, and the range of the per-repeat ratios (synthetic latencies)."""
     timing = session.Timing({"ar": [0.10, 0.20, 0.12], "eagle": [0.05, 0.10, 0.10], "method": [0.04, 0.05, 0.06]},
@@ -109,34 +186,52 @@ def test_timing_runs_interleave_in_rotating_order(monkeypatch):
     assert [c[0] for c in calls] == ["ar", "eagle", "eagle", "ar"]  # the method is Eagle-1: not timed twice
 
 
+@pytest.mark.parametrize("overrides, name, runs", [
+    ({"delta": -1}, "delta", 0.05),
+    ({"delta": float("nan")}, "delta", 2.0),
+    ({"delta": "abc"}, "delta", 2.0),
+    ({"delta": None}, "delta", 2.0),
+    ({"nu": 99}, "nu", 2.0),
+    ({"seed": -3}, "seed", 0),
+    ({"seed": 1.5}, "seed", 2),
+    ({"top_k": 10**6}, "top_k", 512),
+    ({"temperature": 0}, "temperature", 0.1),
+    ({"mu_auto": False, "mu": "x"}, "mu", 0.0),
+    ({"method": "LANTERN++", "k": -2}, "k", 0),
+    ({"method": "LANTERN++", "lam": 0.5}, "lambda", 1.0),
+])
+def test_a_typed_number_out_of_range_runs_at_the_value_its_box_is_set_back_to(overrides, name, runs):
+    """Generate with a number outside its range (clicked before the box's own check set it back, with its one
+    warning): the generation runs at the nearest end of the range, or at the start value for what is no number,
+    as the box shows (test_a_typed_value_out_of_range_is_one_named_warning_and_the_box_shows_what_runs); the API
+    refuses the same value in one line."""
+    request = last(app.on_generate(*controls(**overrides), progress=no_progress))[5].request
+    ran = {"seed": request.seed, "top_k": request.sampling.top_k, "temperature": request.sampling.temperature,
+           **request.param_dict}
+    assert ran[name] == pytest.approx(runs)
+    api = {"LANTERN++": "LANTERN++"}.get(overrides.get("method"), "COOL-SD")
+    given = {key: value for key, value in overrides.items() if key not in ("method", "mu_auto")}
+    with pytest.raises(gr.Error) as error:
+        app.api_generate(method=api, **given)
+    assert ALIASES.get(next(iter(given)), next(iter(given))) in error.value.message
+
+
 @pytest.mark.parametrize("overrides, needle", [
-    ({"delta": -1}, "delta"),
-    ({"delta": float("nan")}, "delta"),
-    ({"delta": "abc"}, "delta"),
-    ({"delta": None}, "delta"),
-    ({"nu": 99}, "nu"),
-    ({"seed": -3}, "seed"),
-    ({"seed": 1.5}, "seed"),
     ({"method": "Medusa"}, "method"),
     ({"class_name": "Spaceship"}, "class"),
     ({"draft": "tree:huge"}, "draft"),
-    ({"top_k": 10**6}, "top_k"),
-    ({"temperature": 0}, "temperature"),
     ({"schedule": "linear"}, "nu"),
-    ({"mu_auto": False, "mu": "x"}, "mu"),
-    ({"method": "LANTERN++", "k": -2}, "k"),
-    ({"method": "LANTERN++", "lam": 0.5}, "lambda"),
 ])
 def test_bad_input_is_a_readable_error(overrides, needle):
     with pytest.raises(gr.Error) as error:
-        app.on_generate(*controls(**overrides), progress=no_progress)
+        last(app.on_generate(*controls(**overrides), progress=no_progress))
     assert needle in str(error.value.message)
     assert "Traceback" not in str(error.value.message)
 
 
 def test_every_method_runs(generated):
     for method in session.method_entries():
-        outputs = app.on_generate(*controls(method=method, draft="tree:eagle25"), progress=no_progress)
+        outputs = last(app.on_generate(*controls(method=method, draft="tree:eagle25"), progress=no_progress))
         result = outputs[5]
         assert result.method.stats.tokens == app.BUNDLE.config.image_tokens
         assert (result.method.stats.target_forwards == app.BUNDLE.config.image_tokens) == (method.startswith("AR"))
@@ -239,7 +334,7 @@ def test_every_setting_the_controls_allow_gives_a_result_or_one_readable_message
     named = named_controls(draft=draft, nu=nu, schedule=schedule)
     line = views.omega_line(*[named[name] for name in ("method", "delta", "nu", "mu_auto", "mu", "draft", "schedule")])
     try:
-        outputs = app.on_generate(*values, progress=no_progress)
+        outputs = last(app.on_generate(*values, progress=no_progress))
     except gr.Error as error:
         assert "too steep" in error.message and f"nu={nu:g}" in error.message
         assert views.plain(error.message, 600) in line  # the same reason is shown under the sliders
@@ -247,7 +342,7 @@ def test_every_setting_the_controls_allow_gives_a_result_or_one_readable_message
     else:
         assert outputs[5].method.stats.tokens == app.BUNDLE.config.image_tokens
         assert f"μ = {resolve_mu(nu, 'auto', parse_draft(draft).depth, schedule):.4g} (auto" in line
-    assert app.on_generate(*controls(), progress=no_progress)[5] is not None
+    assert last(app.on_generate(*controls(), progress=no_progress))[5] is not None
 
 
 def test_mu_line_shows_the_auto_value():
@@ -559,7 +654,7 @@ class BrowserSession:
 
 
 def generate_in(session: str, **overrides):
-    return app.on_generate(*controls(**overrides), progress=no_progress, session=session)
+    return last(app.on_generate(*controls(**overrides), progress=no_progress, session=session))
 
 
 def test_an_older_requests_timing_never_replaces_a_newer_one():
@@ -724,8 +819,8 @@ def test_the_api_takes_other_methods_parameters_left_at_their_defaults():
 
 
 def test_the_eagle_image_names_the_draft_it_used_even_with_ar_chosen():
-    image, eagle, _, text, _, result = app.on_generate(*controls(method="AR (no drafting)", draft="tree:eagle25"),
-                                                       progress=no_progress)
+    image, eagle, _, text, _, result = last(app.on_generate(*controls(method="AR (no drafting)", draft="tree:eagle25"),
+                                                       progress=no_progress))
     assert image["label"] == "AR (no drafting)" and eagle["label"] == "Eagle-1 (lossless, tree:eagle25)"
     assert "Right: **Eagle-1 (lossless, tree:eagle25)**" in text
     assert result.eagle.stats.to_dict(rounds=False)["draft"] == "tree:eagle25"
@@ -851,7 +946,7 @@ def test_the_draft_selector_offers_jacobi_windows_and_says_what_the_chosen_draft
 @pytest.fixture(scope="module")
 def jacobi_runs():
     """Every method on a coupled Jacobi window of the shipped model (the Eagle-1 run beside them: SCD)."""
-    return {method: app.on_generate(*controls(method=method, draft=JACOBI), progress=no_progress)
+    return {method: last(app.on_generate(*controls(method=method, draft=JACOBI), progress=no_progress))
             for method in session.method_entries()}
 
 
@@ -898,7 +993,7 @@ def test_the_replay_and_the_acceptance_map_of_a_jacobi_run_show_where_its_drafts
 
 def generated_eagle_map():
     """The acceptance map of a drafter run (Eagle-1 on chain:5): no source marks."""
-    result = app.on_generate(*controls(method="Eagle-1 (lossless)"), progress=no_progress)[5]
+    result = last(app.on_generate(*controls(method="Eagle-1 (lossless)"), progress=no_progress))[5]
     return app.on_figures(result, "fid")[2]
 
 
@@ -907,7 +1002,7 @@ def test_a_deep_jacobi_window_keeps_its_figures_readable(draft, jacobi_runs):
     """16 and 32 draft positions, yet no tick labels overlap (16 ran together on a phone) and no text is small,
     on a phone and a desktop."""
     result = jacobi_runs["COOL-SD"][5] if draft == JACOBI else \
-        app.on_generate(*controls(draft=draft), progress=no_progress)[5]
+        last(app.on_generate(*controls(draft=draft), progress=no_progress))[5]
     for narrow in (False, True):
         shown = dict(views.figures(app.BUNDLE, result, narrow=narrow))
         shown["replay"] = views.replay_figure(app.BUNDLE, result, 2, narrow=narrow)
@@ -924,7 +1019,7 @@ def test_a_deep_jacobi_window_keeps_its_figures_readable(draft, jacobi_runs):
 # GSD: grouped acceptance --------------------------------------------------------------------------------------
 def test_gsd_runs_from_the_controls_and_the_api():
     for label, residual in (("GSD", "gsd"), ("GSD with G*", "gstar")):
-        result = app.on_generate(*controls(method=label, ranks=3, gap=0.3, dist=1.0), progress=no_progress)[5]
+        result = last(app.on_generate(*controls(method=label, ranks=3, gap=0.3, dist=1.0), progress=no_progress))[5]
         assert result.request.param_dict == {"ranks": 3, "gap": 0.3, "dist": 1.0, "residual": residual}
         assert result.method.stats.method == "gsd" and result.method.stats.tokens == app.BUNDLE.config.image_tokens
     answer = app.api_generate(method="GSD", ranks=3, gap=0.3, dist=1.0, seed=2)

@@ -34,6 +34,12 @@ def no_progress(*args, **kwargs):
     pass
 
 
+def last(outputs):
+    """The final outputs of Generate (it yields pictures of the runs in progress first)."""
+    *_, final = outputs
+    return final
+
+
 @pytest.fixture(scope="module")
 def broken_dir(tmp_path_factory):
     """A model.json directory that is listed but cannot load (its weights are missing)."""
@@ -110,7 +116,7 @@ def test_switching_to_a_text_model_shows_the_prompt_box(model_dir):  # noqa: F81
 
 def test_generating_with_a_prompt_fills_every_output(model_dir):  # noqa: F811
     prompt = "a red cat on the grass"
-    image, eagle_image, table, caption, _slider, result = app.on_generate(
+    *_, (image, eagle_image, table, caption, _slider, result) = app.on_generate(
         *controls(model=str(model_dir), prompt=prompt, cfg_scale=3.0), progress=no_progress)
     assert image["value"].size == (80, 80) and eagle_image["value"].size == (80, 80)  # 8 px, enlarged 10x
     assert prompt in caption and "Trouser" not in caption
@@ -124,7 +130,7 @@ def test_generating_with_a_prompt_fills_every_output(model_dir):  # noqa: F811
     table, timed = app.on_timing(result)
     assert timed.timing.repeats == session.TIMING_REPEATS
     with pytest.raises(gr.Error) as error:
-        app.on_generate(*controls(model=str(model_dir), prompt="  "), progress=no_progress)
+        list(app.on_generate(*controls(model=str(model_dir), prompt="  "), progress=no_progress))
     assert "prompt must be a non-empty text" in error.value.message
 
 
@@ -160,7 +166,7 @@ def test_a_bad_model_is_a_readable_error(model, needle):
         app.api_generate(model=model)
     assert needle in error.value.message and "Traceback" not in error.value.message
     with pytest.raises(gr.Error) as error:
-        app.on_generate(*controls(model=model), progress=no_progress)
+        list(app.on_generate(*controls(model=model), progress=no_progress))
     assert needle in error.value.message
 
 
@@ -364,7 +370,7 @@ def test_every_method_runs_on_a_model_without_a_draft_model(no_drafter):
     start = app.defaults(no_drafter)
     for method in session.method_entries():
         values = controls(method=method, model=NO_DRAFTER, draft=start["draft"], class_name=no_drafter.class_names[0])
-        result = app.on_generate(*values, progress=no_progress)[5]
+        result = last(app.on_generate(*values, progress=no_progress))[5]
         assert result.method.stats.tokens == 16 and result.method.stats.drafter_forwards == 0, method
         assert result.eagle.stats.draft == "jacobi:8:coupled"
     answer = app.api_generate(method="COOL-SD", model=NO_DRAFTER, class_name=no_drafter.class_names[0])
@@ -378,7 +384,7 @@ def test_every_method_runs_on_a_model_without_a_draft_model(no_drafter):
 ])
 def test_a_draft_the_model_cannot_run_is_one_readable_line(no_drafter, method, draft, needle):
     values = controls(method=method, model=NO_DRAFTER, draft=draft, class_name=no_drafter.class_names[0])
-    for call in (lambda: app.on_check(*values), lambda: app.on_generate(*values, progress=no_progress),
+    for call in (lambda: app.on_check(*values), lambda: list(app.on_generate(*values, progress=no_progress)),
                  lambda: app.api_generate(method=method, draft=draft, model=NO_DRAFTER,
                                           class_name=no_drafter.class_names[0])):
         with pytest.raises(gr.Error) as error:
@@ -395,7 +401,7 @@ def test_a_broken_or_missing_local_model_is_listed_or_left_out_with_one_log_line
     not_an_object.mkdir()
     (not_an_object / "model.json").write_text("[1, 2, 3]")
     monkeypatch.setenv(models.ENV, os.pathsep.join([str(not_an_object), str(tmp_path / "gone")]))
-    monkeypatch.setattr(models, "WARNED", set())
+    monkeypatch.setattr(models, "WARNED", {})
     with caplog.at_level("WARNING", logger="coolsd.app"):
         for _ in range(3):
             keys = [choice.key for choice in models.listing("fashion")]

@@ -3,6 +3,7 @@ clients through gradio_client."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from gradio_client import Client
 from playwright.sync_api import expect, sync_playwright
 from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_dir: a tiny text-to-image model)
@@ -22,6 +24,9 @@ from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_di
 from coolsd.app import plots
 from coolsd.app.session import value_names  # the order of the app's control values
 from coolsd.core.rules import omega_schedule
+from coolsd.models.bundle import Bundle, Drafter, Transformer, save_bundle
+from coolsd.models.config import ModelConfig
+from coolsd.toy.data import CLASS_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_TIMING_REPEATS = 2
@@ -49,19 +54,38 @@ class Server:
         return self.log.read_text().splitlines()
 
 
+SLOW = "slow-random"  # the selector's name of a model slow enough to watch (about a second a generation)
+
+
+def write_slow_model(path: Path) -> None:
+    """A random bundle of 24 x 24 tokens, 8 layers of width 192, with a random drafter."""
+    config = ModelConfig(vocab_size=256, dim=192, n_layer=8, n_head=4, num_classes=10, grid_height=24, grid_width=24)
+    torch.manual_seed(0)
+    codes = torch.nn.functional.normalize(torch.randn(config.vocab_size, 8), dim=-1)
+    save_bundle(Bundle(Transformer(config).eval(), Drafter(config).eval(), codes, name=SLOW,
+                       class_names=list(CLASS_NAMES)), path)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):  # noqa: F811
-    """``python app.py`` on a free localhost port, as a user would start it, offline, with the tiny text model
-    and a broken model directory (its weights are missing) in its model selector."""
+    """``python app.py`` on a free localhost port, as a user would start it, offline, with the tiny text model,
+    a slow random model, a broken model directory (its weights are missing), a directory whose model.json is no
+    object and one that does not exist in its COOLSD_MODELS."""
     port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
     broken = tmp_path_factory.mktemp("broken")
     (broken / "model.json").write_text(json.dumps({"family": "llamagen", "name": "broken", "gpt": "missing.pt",
                                                    "vq": "missing_vq.pt", "model_args": GPT_ARGS, "vq_args": VQ_ARGS}))
+    slow = tmp_path_factory.mktemp("models") / SLOW
+    write_slow_model(slow)
+    not_an_object = tmp_path_factory.mktemp("list")
+    (not_an_object / "model.json").write_text("[1, 2, 3]")
+    missing = tmp_path_factory.mktemp("gone") / "missing"
     # two timing repeats instead of five: every generation's timing runs on in the server while later tests
     # use the page, and the repeats are what the in-process tests of test_app check
     env = dict(os.environ, GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False",
-               COOLSD_MODELS=os.pathsep.join([str(model_dir), str(broken)]), HF_HUB_OFFLINE="1",
+               COOLSD_MODELS=os.pathsep.join(map(str, [model_dir, broken, slow, not_an_object, missing])),
+               HF_HUB_OFFLINE="1",
                COOLSD_TIMING_REPEATS=str(TEST_TIMING_REPEATS))
     env.pop("COOLSD_THREADS", None)
     started = time.perf_counter()
@@ -124,15 +148,23 @@ def page_result(page) -> dict:
             "caption": page.locator("#caption").inner_text(), "timings": page.locator("#timings").inner_text()}
 
 
+# Both final images are on the page: the caption no longer says the runs are in progress, and either it changed
+# (the first click after the page loads may repeat the start-up images) or both images did
+FINAL_IMAGES = """before => { const caption = document.querySelector('#caption').innerText;
+    const s = [...document.querySelectorAll('.pixelated img')].map(e => e.src);
+    return !caption.startsWith('Generating') && s.length == 2 && s.every(x => x) &&
+        (caption !== before.caption || s.every((x, i) => x !== before.images[i])); }"""
+
+
 def generate_and_wait(page, timings: bool = True) -> float:
-    """Click Generate; wait for both images to change (returns that time), then for the figures and, if asked,
-    the measured timings."""
-    before, plots_before = image_sources(page), page.evaluate(PLOT_IMAGES)
+    """On the Per position tab, click Generate; wait for both final images (returns that time), then for the
+    figures and, if asked, the measured timings."""
+    page.get_by_role("tab", name="Per position").click()  # its figure is drawn (the first tab, Race, has none)
+    before = {"images": image_sources(page), "caption": page.locator("#caption").inner_text()}
+    plots_before = page.evaluate(PLOT_IMAGES)
     started = time.perf_counter()
     page.get_by_role("button", name="Generate", exact=True).click()
-    page.wait_for_function(
-        "before => { const s = [...document.querySelectorAll('.pixelated img')].map(e => e.src);"
-        " return s.length == 2 && s.every((x, i) => x && x !== before[i]); }", arg=before, timeout=WAIT_MS)
+    page.wait_for_function(FINAL_IMAGES, arg=before, timeout=WAIT_MS)
     seconds = time.perf_counter() - started
     page.wait_for_function(f"before => {{ const s = {PLOT_IMAGES};"
                            " return s.length > 0 && s[0] && s[0] !== before[0]; }", arg=plots_before,
@@ -156,8 +188,8 @@ def test_server_starts_quickly_and_says_what_it_is_doing(server):
     log = server.log.read_text()
     steps = [line for line in log.splitlines() if line.startswith("coolsd [")]
     assert [step.split("] ")[1].split(" (")[0] for step in steps] == [
-        "importing gradio and torch", "loading the model", "warming up", "building the interface",
-        "starting the web server"]
+        "importing gradio and torch", "loading the model", "warming up", "making the first images",
+        "building the interface", "starting the web server"]
     assert "1 torch thread" in log
     print(f"start to HTTP 200: {server.seconds_to_http_200:.1f}s")
 
@@ -647,3 +679,134 @@ def test_an_endpoint_the_app_does_not_have_answers_404_in_one_line(server, name)
     time.sleep(0.2)
     added = added_lines(server, before)
     assert not any("Traceback" in line for line in added) and sum("rejected request" in line for line in added) == 1
+
+
+RACE_ROWS = """() => [...document.querySelectorAll('#race-text tr')].slice(1)
+    .map(r => [...r.querySelectorAll('td')].map(c => c.innerText.trim()))"""
+
+
+def choose_slow_model(page) -> None:
+    """Choose the slow model and wait until the page has it (its trade-off note follows the model)."""
+    page.get_by_label("Model").click()
+    page.get_by_role("option", name=SLOW).click()
+    page.get_by_role("tab", name="Trade-off").click()
+    expect(page.locator("#tradeoff-note")).to_contain_text(f"this model ({SLOW}) has no shipped study", timeout=60000)
+    page.get_by_role("tab", name="Race").click()
+
+
+def test_browser_draws_the_images_as_they_decode_then_races_the_runs(server, browser, tmp_path):
+    """On a slow model: after Generate the left image changes at least twice while the caption says how far
+    each run has got (two different pictures of the run in progress), then the final caption; then the race
+    plays AR, Eagle-1 and COOL-SD to the end, each finishing at its median latency in the timing table, in that
+    order; its last frame names the fastest."""
+    page = open_page(browser, server.url)
+    choose_slow_model(page)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    frames_seen, started = [], time.perf_counter()
+    while time.perf_counter() - started < 120:
+        caption = page.locator("#caption").inner_text()
+        if caption.startswith("Generating…"):
+            frames_seen.append(image_sources(page)[0])
+        elif frames_seen and "seed 0" in caption:
+            break
+        page.wait_for_timeout(30)
+    assert len(set(frames_seen)) >= 2, f"{len(set(frames_seen))} pictures of the run in progress"
+    expect(page.locator("#caption")).to_contain_text("Left: COOL-SD (chain:5)")
+    expect(page.locator("#timings")).to_contain_text(f"of {TEST_TIMING_REPEATS} interleaved repeats", timeout=120000)
+    finished, seen, started = {}, {}, time.perf_counter()  # each lane's finish time, and the look that saw it
+    for look in range(100000):
+        if time.perf_counter() - started > 60 or len(finished) == 3:
+            break
+        for name, _, _, state in page.evaluate(RACE_ROWS):
+            if state.startswith("finished at"):
+                finished.setdefault(name, float(state.split()[2]))
+                seen.setdefault(name, look)
+        page.wait_for_timeout(40)
+    race_text = page.locator("#race-text").inner_text()
+    assert len(finished) == 3, (finished, race_text)
+    for a, at in finished.items():  # a lane seen finished at an earlier look finished no later (two may finish
+        for b, bt in finished.items():  # between two looks)
+            assert seen[a] >= seen[b] or at <= bt, (seen, finished, race_text)
+    table = {row[0].split(" (")[0]: float(row[1].split()[0]) for row in page.evaluate(
+        "() => [...document.querySelector('#timings table').querySelectorAll('tr')].slice(1)"
+        ".map(r => [...r.querySelectorAll('td')].map(c => c.innerText.trim()))")}
+    assert {name: round(ms) for name, ms in finished.items()} == {"AR": round(table["AR"]), "Eagle-1":
+                                                                 round(table["Eagle-1"]), "COOL-SD": round(table["COOL-SD"])}
+    expect(page.locator("#race-text")).to_contain_text(f"{min(finished, key=finished.get)} finished first")
+    screenshot(page, tmp_path / "race.png")
+
+
+def test_browser_the_last_generate_click_wins(server, browser):
+    """Seed 3, Generate, seed 4 typed at once, Generate: the page ends with seed 4's images and caption, and
+    the seed-3 request, replaced, does not cover them."""
+    page = open_page(browser, server.url)
+    seed, button = page.get_by_label("Seed"), page.get_by_role("button", name="Generate", exact=True)
+    seed.fill("3")
+    button.click()
+    page.wait_for_timeout(100)
+    seed.fill("4")
+    button.click()
+    expect(page.locator("#caption")).to_contain_text("seed 4.", timeout=60000)
+    expect(page.locator("#timings")).to_contain_text(f"of {TEST_TIMING_REPEATS} interleaved repeats", timeout=120000)
+    assert "seed 4." in page.locator("#caption").inner_text()
+
+
+def one_toast(page) -> str:
+    expect(page.locator(TOASTS).first).to_be_visible(timeout=20000)
+    page.wait_for_timeout(1500)
+    toasts = page.locator(TOASTS).all_inner_texts()
+    assert len(toasts) == 1, toasts
+    for close in page.locator("[data-testid='toast-close']").all():
+        close.click()
+    expect(page.locator(TOASTS)).to_have_count(0)
+    return toasts[0]
+
+
+def test_browser_every_typed_number_out_of_range_is_one_warning_and_the_nearest_value(server, browser):
+    """The seed typed too large and Generate clicked without Enter; the Replay round beyond the last one; a delta
+    no browser can hold (1e999): each one warning that names it, the box set to the value that runs, and the
+    generation runs with it."""
+    page = open_page(browser, server.url)
+    page.get_by_label("Seed").fill("99999999999")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    toast = one_toast(page)
+    assert "seed must be between 0 and 2147483647, got 99999999999 (set to 2147483647)" in toast and "Error" not in toast
+    expect(page.get_by_label("Seed")).to_have_value("2147483647")
+    expect(page.locator("#caption")).to_contain_text("seed 2147483647.", timeout=60000)
+    page.get_by_role("tab", name="Replay").click()
+    rounds = page.get_by_label("number input for Round")
+    expect(rounds).to_have_attribute("max", re.compile(r"\d+"), timeout=60000)
+    last = rounds.get_attribute("max")
+    set_number(page, "Round", 999)
+    assert f"round must be between 0 and {last}, got 999 (set to {last})" in one_toast(page)
+    expect(rounds).to_have_value(last)
+    set_number(page, "δ (delta): total relaxation", "1e999")
+    toast = one_toast(page)
+    assert "delta must be a number from 0.05 to 5; the box held none it could read" in toast and "(set to 2)" in toast
+    expect(page.get_by_label("number input for δ (delta): total relaxation")).to_have_value("2")
+
+
+@pytest.mark.parametrize("width, height", [(1400, 1000), (390, 844)])
+def test_browser_generate_is_in_view_and_images_are_there_on_load(server, browser, width, height):
+    """On a 1400 x 1000 desktop and on a phone, the Generate button is inside the window as the page loads, and
+    the images show the starting settings' runs (made at start-up), not empty frames; on the phone every tab's
+    name is in view (none behind an overflow menu)."""
+    page = open_page(browser, server.url, width=width, height=height)
+    box = page.locator("#generate").bounding_box()
+    assert 0 <= box["y"] and box["y"] + box["height"] <= height, box
+    assert page.locator(".pixelated img").evaluate_all("els => els.length == 2 && els.every(e => e.src)")
+    expect(page.locator("#caption")).to_contain_text("Made at start-up")
+    names = ["Race", "Per position", "Accepted lengths", "Acceptance maps", "Replay", "Theory", "Trade-off"]
+    for name in names:
+        tab = page.get_by_role("tab", name=name)
+        expect(tab).to_be_visible()
+        tab_box = tab.bounding_box()
+        assert 0 <= tab_box["x"] and tab_box["x"] + tab_box["width"] <= width, (name, tab_box)
+
+
+def test_browser_broken_model_entries_are_named_on_the_page(server, browser):
+    """The COOLSD_MODELS entries that cannot be listed or loaded are named under the selector (as in the log)."""
+    page = open_page(browser, server.url)
+    warnings = page.locator("#model-warnings")
+    expect(warnings).to_contain_text("missing: left out: no such directory")
+    expect(warnings).to_contain_text("listed, but it cannot load")

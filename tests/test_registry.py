@@ -113,14 +113,18 @@ def test_the_app_generates_with_it(half):
 
     values = {**app.defaults(), "method": "Half-relaxed", "strength": 1.5, "draft": "tree:eagle25"}
     ordered = [values[name] for name in session.value_names()]
-    image, _, table, caption, _, result = app.on_generate(*ordered, progress=no_progress)
+    *_, (image, _, table, caption, _, result) = app.on_generate(*ordered, progress=no_progress)
     assert image["label"] == "Half-relaxed (tree:eagle25)" and "Half-relaxed" in table and "Half-relaxed" in caption
     assert result.method.stats.method == "half" and result.method.stats.params == {"strength": 1.5}
     assert result.method.stats.tokens == app.BUNDLE.config.image_tokens
     figures = app.on_figures(result, "fid")
     assert figures[0] is not None and "E[N]" in figures[6]
     assert "E[N]" in app.on_theory(result, *ordered, "toy distributions", 0, False)[1]
-    with pytest.raises(gr.Error, match="strength must be between 1 and 3"):
-        app.on_generate(*[{**values, "strength": 4}[name] for name in session.value_names()], progress=no_progress)
+    # typed out of range (its box's own check warns and sets it back): the generation runs at the range's end
+    *_, (*_, clamped) = app.on_generate(*[{**values, "strength": 4}[name] for name in session.value_names()],
+                                        progress=no_progress)
+    assert clamped.request.param_dict == {"strength": 3.0}
+    with pytest.raises(ValueError, match="strength must be between 1 and 3"):
+        session.parse_controls(app.BUNDLE, [{**values, "strength": 4}[name] for name in session.value_names()])
     answer = app.api_generate(method="Half-relaxed", seed=1)  # the API's 15 parameters: strength at its default
     assert answer["method"]["stats"]["params"] == {"strength": 2.0}

@@ -70,6 +70,8 @@ def corrected(param: Param, value: Any, high: float | None = None) -> tuple[floa
         return None
     except ValueError as error:
         reason = str(error)
+    if value is None:  # what a browser sends for an empty box, or for a number it cannot hold (1e999)
+        reason = f"{param.name} must be a number from {param.span()}; the box held none it could read (empty, or too large)"
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):

@@ -26,14 +26,20 @@ HUB = "https://huggingface.co"  # huggingface_hub's endpoint unless HF_ENDPOINT 
 PROBE_SECONDS = 2.5  # one request to the hub before a download: no answer by then means unreachable
 FAILURE_SECONDS = 300.0  # a model whose download failed is refused at once for this long, without a new try
 log = logging.getLogger("coolsd.app")
-WARNED: set[str] = set()  # the COOLSD_MODELS entries already warned about (the listing is read again and again)
+WARNED: dict[str, str] = {}  # broken settings already warned about, and what was said (the listing is read often)
 
 
 def warn_once(key: str, message: str) -> None:
-    """One log line per broken setting (a ``COOLSD_MODELS`` entry...), the first time the listing meets it."""
+    """One log line per broken setting (a ``COOLSD_MODELS`` entry...), the first time the listing meets it; the
+    page shows them all (:func:`warnings`)."""
     if key not in WARNED:
-        WARNED.add(key)
+        WARNED[key] = message
         log.warning("%s", message)
+
+
+def warnings() -> list[str]:
+    """Every broken setting met so far, as warned in the log."""
+    return list(WARNED.values())
 
 
 def warn_entry(entry: str, why: str) -> None:

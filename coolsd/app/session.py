@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..core.decode import Generation, generate, generate_batch
+from ..core.decode import Generation, Watch, generate, generate_batch
 from ..core.params import PROMPT_CHARS as PROMPT_CHARS  # the prompt box's limit (app.py)
 from ..core.params import Choice, Param, check, check_prompt, number, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
@@ -338,17 +338,32 @@ def side_by_side(bundle: Bundle) -> bool:
     return bundle.device.type == "cpu" and (os.cpu_count() or 1) >= 2
 
 
-def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
+Live = Callable[[str, Generation], None]  # a live view: ("method" or "eagle", that run's image so far)
+
+
+def watch(live: Live | None, run: str) -> Watch | None:
+    """The decoder's hook that hands ``run``'s image so far to ``live`` (none without a live view)."""
+    return Watch(lambda images: live(run, images[0]), LIVE_INTERVAL) if live is not None else None
+
+
+LIVE_INTERVAL = 0.1  # seconds: at most ten pictures a second of a run in progress
+
+
+def compare(bundle: Bundle, request: Request, progress=None, live: Live | None = None) -> Comparison:
     """Run the chosen method and (cached per setting) lossless Eagle-1 for one request, at once where
     :func:`side_by_side` allows (the same tokens either way: every run has its own seeded generators); no
-    timing yet (that is :func:`measure_speed`, one run at a time)."""
+    timing yet (that is :func:`measure_speed`, one run at a time). ``live`` is shown each run's image so far,
+    at most every :data:`LIVE_INTERVAL` seconds."""
     say = progress or (lambda *args, **kwargs: None)
     sampling, seed = request.sampling, request.seed
     cls = condition(bundle, request)
     eagle_key = (request.model, bundle.name, request.draft, request.class_id, request.prompt, seed, sampling)
 
     def run_eagle() -> Generation:
-        return generate(bundle, cls, Eagle(), request.tree, sampling, seed, capture=True)
+        return generate(bundle, cls, Eagle(), request.tree, sampling, seed, capture=True, watch=watch(live, "eagle"))
+
+    def run_method() -> Generation:
+        return generate(bundle, cls, request.rule, request.tree, sampling, seed, watch=watch(live, "method"))
 
     if request.method == "eagle":
         say(0.1, desc=f"Generating with {request.label}")
@@ -356,11 +371,13 @@ def compare(bundle: Bundle, request: Request, progress=None) -> Comparison:
     elif side_by_side(bundle):
         say(0.1, desc=f"Generating with {request.label} and Eagle-1 (lossless), side by side")
         eagle_run = SIDE_RUNS.submit(EAGLE_CACHE.get_or_run, eagle_key, run_eagle)
-        method = generate(bundle, cls, request.rule, request.tree, sampling, seed)
+        if live is not None:  # a cached run shows at once, whole
+            eagle_run.add_done_callback(lambda done: done.exception() or live("eagle", done.result()))
+        method = run_method()
         eagle = eagle_run.result()
     else:
         say(0.1, desc=f"Generating with {request.label}")
-        method = generate(bundle, cls, request.rule, request.tree, sampling, seed)
+        method = run_method()
         say(0.6, desc="Generating with Eagle-1 (lossless)")
         eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
     images = {"method": bundle.image(method.tokens), "eagle": bundle.image(eagle.tokens)}
@@ -401,6 +418,7 @@ class Timing:
     device: str = "cpu"  # e.g. "cuda (NVIDIA H200)"
     dtype: str = "float32"
     steps: str = "eager"  # coolsd.models.steps.MODES
+    runs: dict[str, Generation] = field(default_factory=dict, repr=False)  # each run's repeat of median latency
 
     @property
     def repeats(self) -> int:
@@ -423,29 +441,36 @@ class Timing:
 
 
 def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS,
-                  stop: Callable[[], bool] | None = None) -> Timing | None:
+                  stop: Callable[[], bool] | None = None, progress=None) -> Timing | None:
     """Time AR, Eagle-1 and the chosen method ``repeats`` times each, interleaved, in rotating order (no run
     always goes first); the same class, seed and sampling as the images, so the tokens are the same too.
-    None as soon as ``stop()`` is true before a run: nobody waits for those numbers any more."""
+    Each run's repeat of median latency is kept (the race replays its rounds). None as soon as ``stop()`` is
+    true before a run: nobody waits for those numbers any more. ``progress(fraction, desc=...)`` hears of
+    each run."""
     runs = {"ar": AR(), "eagle": Eagle()}
     if request.method not in runs:
         runs["method"] = request.rule
     order = list(runs)
     cls = condition(bundle, request)
-    seconds: dict[str, list[float]] = {run: [] for run in runs}
+    made: dict[str, list[Generation]] = {run: [] for run in runs}
     if bundle.steps != "eager":  # CUDA graphs are captured (and compiled steps compiled) outside the timed runs
         for run in order:
             generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed)
     for repeat in range(repeats):
-        for run in order[repeat % len(order):] + order[:repeat % len(order)]:
+        for k, run in enumerate(order[repeat % len(order):] + order[:repeat % len(order)]):
             if stop is not None and stop():
                 return None
-            generation = generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed)
-            seconds[run].append(generation.stats.seconds["total"])
+            if progress is not None:
+                progress((repeat * len(order) + k) / (repeats * len(order)),
+                         desc=f"Timing AR, Eagle-1 and {request.label}: repeat {repeat + 1} of {repeats}")
+            made[run].append(generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed))
+    seconds = {run: [g.stats.seconds["total"] for g in generations] for run, generations in made.items()}
+    middle = {run: sorted(generations, key=lambda g: g.stats.seconds["total"])[(len(generations) - 1) // 2]
+              for run, generations in made.items() if generations}
     if "method" not in seconds:  # AR or Eagle-1 chosen: it is one of the two
         seconds["method"] = seconds[request.method]
     dtype = str(bundle.dtype).removeprefix("torch.")
-    return Timing(seconds, torch.get_num_threads(), device_name(bundle.device), dtype, bundle.steps)
+    return Timing(seconds, torch.get_num_threads(), device_name(bundle.device), dtype, bundle.steps, middle)
 
 
 def fast_steps(bundle: Bundle, zero_gpu: bool = False) -> Bundle:

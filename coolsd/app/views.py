@@ -22,7 +22,7 @@ from ..core.rules import RULES, AcceptanceRule, ModelTables, build_rule, omega_s
 from ..core.theory import captured_theory, chain_theory, toy_chain, toy_neighbours
 from ..core.trees import JacobiWindow, parse_draft
 from ..models.bundle import Bundle
-from . import plots
+from . import frames, plots
 from .session import DRAFTS, Comparison, Request, choice, flag, method_entries
 
 DISPLAY_SCALE = 10
@@ -182,6 +182,44 @@ def figures(bundle: Bundle, result: Comparison, narrow: bool = False) -> dict:
         "map_eagle": plots.acceptance_map(result.images["eagle"], result.eagle.stats, grid, "Eagle-1 (lossless)",
                                           narrow=narrow),
     }
+
+
+def live_picture(bundle: Bundle, generation: Generation) -> Image.Image:
+    """A run's image so far, for the live view: its tokens decoded (the positions not generated yet filled with
+    its first token, an image token, so that a decoder that checks its positions accepts them; then covered) with
+    the last round's tokens coloured (:func:`frames.progress_frame`)."""
+    length = bundle.config.image_tokens
+    tokens = generation.tokens[:length]
+    pixels = np.asarray(enlarge(bundle.image(tokens + tokens[:1] * (length - len(tokens)))))
+    rounds = generation.stats.rounds
+    return Image.fromarray(frames.progress_frame(frames.rgb_pixels(pixels), grid_of(bundle), len(tokens),
+                                                 rounds[-1] if rounds else None))
+
+
+def live_caption(request: Request, shown: dict[str, Generation], length: int) -> str:
+    """The caption while both runs are in progress: how far each has got (of ``length`` tokens)."""
+    method, eagle = image_labels(request)
+    parts = [f"**{plain(label)}**: {len(g.tokens)} of {length} tokens, {g.stats.target_forwards} target forwards"
+             for label, g in ((method, shown.get("method")), (eagle, shown.get("eagle"))) if g is not None]
+    return "Generating… " + "; ".join(parts)
+
+
+RACE_RUNS = (("ar", "AR"), ("eagle", "Eagle-1"), ("method", None))  # lanes, top to bottom of the table
+
+
+def race_lanes(bundle: Bundle, result: Comparison) -> list[frames.Lane]:
+    """The race's lanes: AR, Eagle-1 and the chosen method (when it is neither), each its timing run of median
+    latency with its own image, finishing at the timing table's median latency."""
+    timing = result.timing
+    lanes = []
+    for run, name in RACE_RUNS:
+        if run not in timing.runs or (run == "method" and result.request.method in ("ar", "eagle")):
+            continue
+        generation = timing.runs[run]
+        pixels = np.asarray(enlarge(bundle.image(generation.tokens)))
+        lanes.append(frames.Lane(name or result.request.label, frames.rgb_pixels(pixels), generation.stats,
+                                 timing.latency(run)[0]))
+    return lanes
 
 
 def replay_figure(bundle: Bundle, result: Comparison, round_index: int, narrow: bool = False):
