@@ -144,8 +144,8 @@ def slow_model():
 def test_generate_streams_pictures_of_the_runs_at_most_ten_times_a_second(slow_model):
     """On a slow model Generate shows the runs in progress: two or more different pictures of the chosen
     method with a caption saying how far each run has got, at least 0.1 s apart, then the final images."""
-    stamps, outputs = [], []
-    for output in app.on_generate(*controls(model=slow_model), progress=no_progress):
+    stamps, outputs, said = [], [], []
+    for output in app.on_generate(*controls(model=slow_model), progress=lambda *a, **k: said.append((a, k))):
         stamps.append(time.perf_counter())
         outputs.append(output)
     *live, final = outputs
@@ -154,6 +154,8 @@ def test_generate_streams_pictures_of_the_runs_at_most_ten_times_a_second(slow_m
     assert all(output[3].startswith("Generating… **COOL-SD (chain:5)**: ") for output in live)
     assert min(np.diff(stamps[:-1]), default=1) >= 0.95 * session.LIVE_INTERVAL
     assert final[5].method.stats.tokens == 576 and "seed 0" in final[3]
+    fractions = [a[0] for a, k in said if k.get("desc") == "Generating with COOL-SD"]  # the progress bar
+    assert len(fractions) >= 2 and fractions == sorted(fractions) and 0 < fractions[-1] <= 1
     assert np.asarray(final[0]["value"]).shape == pictures[-1].shape  # the final image, as large as the live ones
 
 
