@@ -7,7 +7,18 @@ from pathlib import Path
 from helpers import markdown_table
 
 from coolsd.cli import bench
-from coolsd.cli.claims import better, cool_relaxation, dominance, key_table, key_tables, noise_floor, summary
+from coolsd.cli.claims import (
+    against_ar,
+    better,
+    comparisons,
+    cool_relaxation,
+    dominance,
+    gsd_against_cool,
+    key_table,
+    key_tables,
+    noise_floor,
+    summary,
+)
 from coolsd.models.bundle import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,3 +193,39 @@ def test_the_readme_headline_table_is_the_shipped_study_s_next_to_the_paper_s():
     assert paper_page == {"Eagle-1": ["2.42", "2.03x", "20.97"], "LANTERN++": ["2.67", "2.15x", "21.17"],
                           "COOL-SD `delta`=1.1": ["2.73", "2.27x", "21.02"],
                           "COOL-SD `delta`=2": ["3.34", "2.72x", "21.20"]}
+
+
+def jacobi_run(method, draft, tau, distance):
+    """A drafter-free run whose log-likelihood lies ``distance`` from AR's (either side)."""
+    return {"method": method, "params": {}, "draft": draft, "label": f"{method} @ {draft}", "tau": tau,
+            "speedup_vs_ar": tau / 2, "vs_ar": {"tau": difference(tau - 1, 0.05),
+                                               "log_likelihood_per_token": difference(distance, 0.01)}}
+
+
+def test_gsd_and_cool_are_compared_at_equal_tau_per_window_length():
+    """On jacobi:8: GSD (tau 3.0, 0.05 from AR) is beaten by COOL-SD delta=2 (3.2, 0.04 below) but not GSD
+    with G* (3.5, 0.02); no GSD point beats a COOL-SD point there except (3.5, 0.02) beating (3.2, -0.04).
+    jacobi:16 has no GSD: no line."""
+    runs = [jacobi_run("gsd", "jacobi:8:point", 3.0, 0.05), jacobi_run("gsd", "jacobi:8:point", 3.5, 0.02),
+            jacobi_run("cool", "jacobi:8:coupled", 3.2, -0.04), jacobi_run("cool", "jacobi:16:coupled", 4.0, -0.1)]
+    runs[1]["label"] = "gsd:residual=gstar @ jacobi:8:point"
+    lines = gsd_against_cool({"runs": runs})
+    said = "are matched or beaten on both tau and the log-likelihood's distance from AR by a"
+    assert lines[2:] == [f"* jacobi:8: 1 of 2 GSD points {said} COOL-SD point",
+                         f"* jacobi:8: 1 of 1 COOL-SD points {said} GSD point"]
+    table = against_ar({"runs": runs})
+    assert "| gsd | jacobi:8:point | 3.000 | 1.50x | **+0.0500 [+0.0400, +0.0600]** |" in table
+
+
+def test_comparisons_across_drafts_name_both_drafts_and_the_speed_up():
+    compared = {"a": "eagle @ jacobi:8:coupled", "b": "eagle @ chain:5", "draft": "jacobi:8:coupled",
+                "b_draft": "chain:5", "differs_in": "lossless_source",
+                "a_minus_b": {"tau": difference(-0.5, 0.1), "speedup_vs_ar": difference(0.2, 0.05),
+                              "log_likelihood_gap": difference(0.0, 0.02)}}
+    result = {"runs": [{"vs_eagle": {"log_likelihood_per_token": {}}}], "comparisons": [compared]}
+    lines = comparisons(result)
+    assert lines[0].startswith("**lossless drafting by the target")
+    assert lines[2] == "| a | b | draft | tau | speed-up over AR | log-likelihood gap to Eagle-1 |"
+    assert lines[4] == ("| eagle @ jacobi:8:coupled | eagle @ chain:5 | jacobi:8:coupled / chain:5 | -0.5000 [-0.6000, "
+                        "-0.4000] | +0.2000 [+0.1500, +0.2500] | +0.0000 [-0.0200, +0.0200] |")
+    assert "speed-up over AR: a better in 1, b better in 0, unresolved in 0" in lines[-2]

@@ -9,8 +9,10 @@ import pytest
 from helpers import count_generations
 
 from coolsd.cli import bench
-from coolsd.cli.study import read_records
+from coolsd.cli.methods import parse_method
+from coolsd.cli.study import Configuration, read_records
 from coolsd.core.stats import bootstrap_interval, frechet_distance
+from coolsd.core.trees import parse_draft
 from coolsd.models.bundle import random_bundle
 
 TINY = ["--random-init", "tiny", "--no-progress"]
@@ -238,3 +240,37 @@ def test_configurations_differing_in_one_respect_are_compared_on_the_same_images
             difference = compared["a_minus_b"][key]
             assert difference["value"] == pytest.approx(a[key] - b[key], abs=1e-12)
             assert difference["low"] <= difference["value"] <= difference["high"]
+
+
+def configuration(spec: str, draft: str) -> Configuration:
+    name, params = parse_method(spec)
+    return Configuration(name, params, parse_draft(draft, 30), f"{spec} @ {draft}")
+
+
+def test_pairs_across_drafts_compare_one_method_and_setting_on_two_drafts():
+    """Eagle-1 on a coupled or Gumbel window against the independent window of the same length and fresh law
+    (SCD against SJD); Eagle-1 on each window against Eagle-1 on the draft model's draft; COOL-SD on a coupled
+    window against the same setting (its defaults filled in) on the draft model's draft, and on no other."""
+    configurations = tuple(configuration(spec, draft) for spec, draft in [
+        ("eagle", "chain:5"), ("cool:delta=2,nu=0.7,schedule=exp", "chain:5"), ("cool:delta=2,nu=0.3", "chain:5"),
+        ("eagle", "jacobi:8"), ("eagle", "jacobi:8:coupled"), ("eagle", "jacobi:8:gumbel"),
+        ("eagle", "jacobi:8:coupled:point"), ("eagle", "jacobi:16"), ("cool:delta=2", "jacobi:8:coupled"),
+        ("cool:delta=2", "jacobi:8"), ("gsd", "jacobi:8:point")])
+    pairs = {(a, b, aspect) for a, b, aspect in bench.draft_pairs(configurations)}
+    assert pairs == {(4, 3, "refresh"), (5, 3, "refresh"),  # jacobi:8:coupled:point has no independent :point
+                     (3, 0, "lossless_source"), (4, 0, "lossless_source"), (5, 0, "lossless_source"),
+                     (6, 0, "lossless_source"), (7, 0, "lossless_source"), (8, 1, "relaxed_source")}
+
+
+def test_drafter_free_runs_are_also_compared_with_ar(tmp_path):
+    """On a Jacobi window every run also has its differences from AR on the same images; on a draft model's
+    draft none; a cross-draft comparison names both drafts."""
+    out = tmp_path / "jacobi.json"
+    assert bench.main(["--methods", "eagle", "cool:delta=2", "--draft", "jacobi:4:coupled", "--images", "4",
+                       "--out", str(out)] + TINY) == 0
+    runs = {run["label"]: run for run in json.loads(out.read_text())["runs"]}
+    assert "vs_ar" not in runs["ar"]
+    for label in ("eagle", "cool:delta=2"):
+        difference = runs[label]["vs_ar"]["tau"]
+        assert difference["value"] == pytest.approx(runs[label]["tau"] - 1.0, abs=1e-12)
+        assert difference["low"] <= difference["value"] <= difference["high"]

@@ -49,7 +49,7 @@ from ..core.decode import Generation, check_batch_memory, generate_batch
 from ..core.likelihood import images_log_likelihoods
 from ..core.memory import gigabytes
 from ..core.params import OneLineParser, Param, run_command
-from ..core.rules import AcceptanceRule, build_rule
+from ..core.rules import AcceptanceRule, build_rule, rule_spec
 from ..core.sampling import SamplingConfig
 from ..core.stats import bootstrap_interval
 from ..core.trees import usable_depth
@@ -365,8 +365,11 @@ def summarise_study(bench: Bench, keep_images: bool) -> dict:
             run["vs_eagle"] = paired_differences(samples[k], samples[eagle], timings[k], timings[eagle], timings[ar],
                                                  bundle.quality, study.seed)
             run["eagle_baseline"] = configurations[eagle].label
+        if configurations[k].tree.source == "jacobi":  # a drafter-free method: also against AR, its own reference
+            run["vs_ar"] = paired_differences(samples[k], samples[ar], timings[k], timings[ar], timings[ar],
+                                              bundle.quality, study.seed)
     comparisons = [{"a": configurations[a].label, "b": configurations[b].label, "draft": configurations[a].draft,
-                    "differs_in": aspect,
+                    "b_draft": configurations[b].draft, "differs_in": aspect,
                     "a_minus_b": {**paired_differences(samples[a], samples[b], timings[a], timings[b], timings[ar],
                                                        bundle.quality, study.seed),
                                   "log_likelihood_gap": log_likelihood_gap(samples[a], samples[b],
@@ -421,7 +424,8 @@ COMPARED_PARAMETERS = ("residual", "schedule")  # G* against the heuristic resid
 def paired_configurations(configurations: tuple[Configuration, ...]) -> list[tuple[int, int, str]]:
     """(a, b, aspect) for the configurations on one draft that differ in one respect: the same method whose
     parameters differ only in one of COMPARED_PARAMETERS (a = the first value of the pair seen), and COOL-SD
-    (annealed) against UniformRSD at the same total relaxation ``delta``."""
+    (annealed) against UniformRSD at the same total relaxation ``delta``; then the pairs across drafts
+    (:func:`draft_pairs`)."""
     pairs = []
     for a, first in enumerate(configurations):
         for b, second in enumerate(configurations):
@@ -434,6 +438,34 @@ def paired_configurations(configurations: tuple[Configuration, ...]) -> list[tup
             elif (first.name, second.name) == ("cool", "uniform") and \
                     first.params.get("delta") == second.params.get("delta"):
                 pairs.append((a, b, "annealing"))
+    return pairs + draft_pairs(configurations)
+
+
+def draft_pairs(configurations: tuple[Configuration, ...]) -> list[tuple[int, int, str]]:
+    """(a, b, aspect) for the same method and parameters on two drafts: ``refresh``, Eagle-1 on a Jacobi window
+    refreshed by a coupling (maximal or Gumbel) against the same window refreshed independently (SCD against
+    SJD); ``lossless_source``, Eagle-1 on a Jacobi window against Eagle-1 on each draft model's draft;
+    ``relaxed_source``, COOL-SD on a coupled Jacobi window against the same COOL-SD setting (defaults filled in)
+    on each draft model's draft."""
+    def setting(configuration: Configuration) -> dict:
+        return {**rule_spec(configuration.name).defaults(), **configuration.params}
+
+    pairs = []
+    for a, first in enumerate(configurations):
+        if first.tree.source != "jacobi":
+            continue
+        for b, second in enumerate(configurations):
+            if a == b or first.name != second.name or setting(first) != setting(second):
+                continue
+            if second.tree.source == "jacobi":
+                if (first.name == "eagle" and (first.tree.depth, first.tree.fresh) == (second.tree.depth,
+                                                                                      second.tree.fresh)
+                        and first.tree.refresh != "independent" and second.tree.refresh == "independent"):
+                    pairs.append((a, b, "refresh"))
+            elif second.tree.size and first.name == "eagle":
+                pairs.append((a, b, "lossless_source"))
+            elif second.tree.size and first.name == "cool" and first.tree.refresh == "coupled":
+                pairs.append((a, b, "relaxed_source"))
     return pairs
 
 

@@ -7,13 +7,20 @@ from __future__ import annotations
 QUALITY = ("log_likelihood_per_token", "fid", "judge_accuracy")
 # A relaxed method can move the target's log-likelihood of its tokens either way from Eagle-1's (down: less
 # likely tokens; up: mode seeking); both depart from the target, so comparisons rank the distance, not the sign.
-HIGHER_IS_BETTER = {"log_likelihood_gap": False, "fid": False, "judge_accuracy": True, "tau": True}
+HIGHER_IS_BETTER = {"log_likelihood_gap": False, "fid": False, "judge_accuracy": True, "tau": True,
+                    "speedup_vs_ar": True}
 NAMES = {"log_likelihood_per_token": "log-likelihood / token", "fid": "FID", "judge_accuracy": "class consistency",
-         "tau": "tau", "log_likelihood_gap": "log-likelihood gap to Eagle-1"}
+         "tau": "tau", "log_likelihood_gap": "log-likelihood gap to Eagle-1", "speedup_vs_ar": "speed-up over AR"}
 COMPARED = {"log_likelihood_per_token": "log_likelihood_gap"}  # what a comparison of two configurations ranks
 ASPECTS = {"residual": "G* against the heuristic residual (LANTERN++, a = the first residual listed)",
            "schedule": "exponential against linear decay (COOL-SD, a = the first schedule listed)",
-           "annealing": "COOL-SD (annealed) against UniformRSD at the same delta"}
+           "annealing": "COOL-SD (annealed) against UniformRSD at the same delta",
+           "refresh": "a coupled (maximal or Gumbel) refresh of a Jacobi window against an independent one, Eagle-1's "
+                      "lossless test on both (SCD against SJD)",
+           "lossless_source": "lossless drafting by the target (Eagle-1 on a Jacobi window: SJD, SCD and kin) against "
+                              "the draft model (Eagle-1 on its draft), on the same images",
+           "relaxed_source": "COOL-SD on coupled Jacobi drafts against the same setting on the draft model's drafts"}
+ACROSS_DRAFTS = {"refresh", "lossless_source", "relaxed_source"}  # pairs whose b runs on another draft
 
 
 def shown(difference: dict, digits: int = 4) -> str:
@@ -89,17 +96,18 @@ def cool_relaxation(result: dict) -> list[str]:
 def comparisons(result: dict) -> list[str]:
     """Each pair behind a claim, and per claim and measure how many pairs favour a, favour b, or are not
     resolved."""
-    quality = ["tau"] + [COMPARED.get(m, m) for m in measures(result)]
     lines = []
     for aspect, title in ASPECTS.items():
         pairs = [c for c in result.get("comparisons", []) if c["differs_in"] == aspect]
         if not pairs:
             continue
+        across = aspect in ACROSS_DRAFTS  # the speed differs with the draft too
+        quality = ["tau"] + ["speedup_vs_ar"] * across + [COMPARED.get(m, m) for m in measures(result)]
         lines += [f"**{title}** (a minus b, value [95% interval]):", "",
                   "| a | b | draft | " + " | ".join(NAMES[m] for m in quality) + " |",
                   "|---" * (3 + len(quality)) + "|"]
-        lines += [f"| {c['a']} | {c['b']} | {c['draft']} | " + " | ".join(shown(c["a_minus_b"][m]) for m in quality)
-                  + " |" for c in pairs]
+        lines += [f"| {c['a']} | {c['b']} | {c['draft']}{' / ' + c['b_draft'] if across else ''} | "
+                  + " | ".join(shown(c["a_minus_b"][m]) for m in quality) + " |" for c in pairs]
         counts = []
         for m in quality:
             verdicts = [better(c["a_minus_b"][m], m) for c in pairs]
@@ -138,6 +146,42 @@ def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[s
                 lines.append(f"* {draft}: {len(beaten)} of {len(others)} {FAMILY_NAMES[b]} points are matched or "
                              f"beaten on both tau and {name} by a {FAMILY_NAMES[a]} point")
     return [f"Dominance on tau and {name} (point estimates):", ""] + lines if lines else []
+
+
+def against_ar(result: dict) -> list[str]:
+    """The drafter-free runs against AR on the same images (their own reference: no draft model), with tau and
+    the speed-up over AR."""
+    runs = [r for r in result["runs"] if "vs_ar" in r]
+    if not runs:
+        return []
+    quality = [m for m in QUALITY if any(m in r["vs_ar"] for r in runs)]
+    lines = ["Drafter-free methods minus AR on the same images (value [95% interval]; bold: resolved):", "",
+             "| configuration | draft | tau | speed-up over AR | " + " | ".join(NAMES[m] for m in quality) + " |",
+             "|---" * (4 + len(quality)) + "|"]
+    lines += [f"| {r['label'].split(' @ ')[0]} | {r['draft']} | {r['tau']:.3f} | {r['speedup_vs_ar']:.2f}x | "
+              + " | ".join(difference_cell(r["vs_ar"][m], 4) for m in quality if m in r["vs_ar"]) + " |"
+              for r in runs]
+    return lines + [""]
+
+
+def gsd_against_cool(result: dict) -> list[str]:
+    """GSD (either residual) against COOL-SD on coupled Jacobi drafts of the same window length, at equal tau:
+    the points of each that a point of the other matches or beats on both tau and the log-likelihood's distance
+    from AR's (point estimates; both families are relaxed, so the distance either way is a departure)."""
+    runs = [r for r in result["runs"] if "vs_ar" in r and "log_likelihood_per_token" in r["vs_ar"]]
+    distance = {r["label"]: -abs(r["vs_ar"]["log_likelihood_per_token"]["value"]) for r in runs}
+    lines = []
+    for length in sorted({r["draft"].split(":")[1] for r in runs}, key=int):
+        gsd = [r for r in runs if r["method"] == "gsd" and r["draft"].split(":")[1] == length]
+        cool = [r for r in runs if r["method"] == "cool" and r["draft"].split(":")[1] == length]
+        if not gsd or not cool:
+            continue
+        for winners, others, a, b in ((cool, gsd, "COOL-SD", "GSD"), (gsd, cool, "GSD", "COOL-SD")):
+            beaten = [r for r in others if any(w["tau"] >= r["tau"] and distance[w["label"]] >= distance[r["label"]]
+                                               for w in winners)]
+            lines.append(f"* jacobi:{length}: {len(beaten)} of {len(others)} {b} points are matched or beaten on "
+                         f"both tau and the log-likelihood's distance from AR by a {a} point")
+    return ["GSD against COOL-SD at equal tau (point estimates):", ""] + lines if lines else []
 
 
 # The rows of the key tables (docs/results.md): a method and the parameters a run must have; every other run
@@ -188,5 +232,6 @@ def key_tables(result: dict) -> list[str]:
 def summary(result: dict) -> str:
     """The study's summary in Markdown."""
     parts = [noise_floor(result), cool_relaxation(result), comparisons(result),
-             *(dominance(result, m) for m in measures(result) if m != "judge_accuracy"), key_tables(result)]
+             *(dominance(result, m) for m in measures(result) if m != "judge_accuracy"),
+             *(part for part in (against_ar(result), gsd_against_cool(result)) if part), key_tables(result)]
     return "\n".join(line for part in parts for line in part + [""])
