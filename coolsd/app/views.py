@@ -213,7 +213,7 @@ def race_lanes(bundle: Bundle, result: Comparison) -> list[frames.Lane]:
     timing = result.timing
     lanes = []
     for run, name in RACE_RUNS:
-        if run not in timing.runs or (run == "method" and result.request.method in ("ar", "eagle")):
+        if run not in timing.runs:  # "method" is timed only when it is neither AR nor Eagle-1
             continue
         generation = timing.runs[run]
         pixels = np.asarray(enlarge(bundle.image(generation.tokens)))

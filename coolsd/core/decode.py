@@ -397,7 +397,7 @@ def decode_batch(target: Target, drafter: Drafter | None, conditions: Sequence[A
         ws.timer.tick()  # the prefill's first token is round 0
 
         def peek(levels_run: list[int]) -> None:
-            if watch is not None and watch.due():
+            if watch.due():
                 shown = time.perf_counter()
                 watch.show(snapshot(ws, [new_stats(rule, tree, sampling, c, s, batch) for c, s in zip(conditions, seeds)],
                                     levels_run))
