@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--methods", "eagle", "cool:delta=2", "uniform:delta=2", "--images", "5", "--latency-images", "2",
         "--warmup", "0", "--random-init", "tiny", "--no-progress", "--threads", "1", "--device", "cpu"]
 # what measures time (and the number of processes) may differ between two runs; everything else may not
-TIMING = {"processes", "latency_median_s", "latency_mean_s", "latency_iqr_s", "speedup_vs_ar", "speedup_vs_ar_iqr",
+TIMING = {"processes", "timing_processes", "latency_median_s", "latency_mean_s", "latency_iqr_s", "speedup_vs_ar", "speedup_vs_ar_iqr",
           "seconds_per_image", "acceptance_vs_target_forward", "acceptance_ms_per_round",
           "target_forward_ms_per_round", "images_per_s", "call_latency_median_s"}
 
@@ -67,26 +67,32 @@ def single_process(tmp_path, name: str, extra: list[str]) -> dict:
     return json.loads(out.read_text())
 
 
-def test_two_processes_give_the_single_process_result(tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["rank-0-times", "shared-timing"])
+def test_two_processes_give_the_single_process_result(tmp_path, shared):
     work, out, table = tmp_path / "w", tmp_path / "sharded.json", tmp_path / "sharded.csv"
     env = {**os.environ, "COOLSD_THREADS": "1", "OMP_NUM_THREADS": "1"}
     env.pop("RANK", None), env.pop("WORLD_SIZE", None)
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "coolsd.bench", *ARGS, "--work", str(work), "--out", str(out), "--csv", str(table)],
+                          "-m", "coolsd.bench", *ARGS, "--work", str(work), "--out", str(out), "--csv", str(table),
+                          *["--shared-timing"] * shared],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("configurations") == 1  # rank 0 alone reports
     sharded = json.loads(out.read_text())
     assert sharded["processes"] == 2 and len(table.read_text().splitlines()) == 1 + 4
+    assert sharded["timing_processes"] == (2 if shared else 1)
     # each process generated exactly its share: item n = (configuration n mod 4, image n div 4) on rank n mod 2
     labels = [run["label"] for run in sharded["runs"]]
     for rank in (0, 1):
         done = [(labels.index(r["configuration"]), r["image"]) for r in read_records(work / f"records-{rank}.jsonl")
                 if r["kind"] == "sample"]
         assert sorted(done) == sorted(Shard(rank, 2).share([(c, i) for i in range(5) for c in range(4)]))
-    timed = [(r["configuration"], r["image"]) for r in read_records(work / "records-0.jsonl") if r["kind"] == "timing"]
-    assert sorted(timed) == sorted((label, i) for label in labels for i in range(2))  # rank 0 times images 0..1
-    assert not [r for r in read_records(work / "records-1.jsonl") if r["kind"] == "timing"]
+    timed = [[(r["configuration"], r["image"]) for r in read_records(work / f"records-{rank}.jsonl")
+              if r["kind"] == "timing"] for rank in (0, 1)]
+    if shared:  # image i on rank i mod 2
+        assert [sorted(t) for t in timed] == [sorted((label, i) for label in labels) for i in (0, 1)]
+    else:  # rank 0 times images 0..1 alone
+        assert sorted(timed[0]) == sorted((label, i) for label in labels for i in range(2)) and timed[1] == []
     single = single_process(tmp_path, "single", [])
     assert differences(sharded, single) == []
     assert len(fields(single)) > 100  # the comparison covers the records, not an empty shell

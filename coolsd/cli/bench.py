@@ -24,7 +24,9 @@ deterministic for a seed, so an untimed generation would give the same record), 
 generated once. Under torchrun the (configuration, image) items are split over the processes and generated
 untimed; rank 0 gathers the samples, the others exit, and rank 0 then times images 0..M-1 alone, so that no
 timing shares the machine with another process's work. With M left at every image that pass costs as much as
-a one-process run: give a smaller ``--latency-images`` to gain from the processes. With ``--work DIR`` every
+a one-process run: give a smaller ``--latency-images`` to gain from the processes, or ``--shared-timing``: every
+process then times its share of the images (image i on rank i mod N, each configuration against AR moments apart
+on the same process), which divides the pass by N at the price of timing next to the others' timing. With ``--work DIR`` every
 record is appended to DIR as soon as it is done, and a rerun with the same arguments continues from there.
 """
 
@@ -56,7 +58,7 @@ from ..core.trees import usable_depth
 from ..models.bundle import Bundle, pick_device
 from ..models.registry import EXAMPLE_PROMPTS
 from ..models.steps import unwrapped
-from .claims import summary
+from ..app.claims import summary
 from .common import (
     add_model_arguments,
     check_device,
@@ -253,14 +255,16 @@ def timing_jobs(study: Study) -> list[tuple[int, range]]:
     return [(size, images) for size, images, _ in sorted(jobs, key=lambda job: (job[2], job[0]))]
 
 
-def timing_pass(bench: Bench, progress: bool) -> None:
-    """Time images 0..M-1 of each configuration not timed yet, at every latency batch size: warm-up calls
-    first, then call by call across configurations (:func:`time_batch`); each image's record is kept as soon as
-    its call is done, and a timed image's tokens must be its sample's (whatever the batch: spec section 9)."""
+def timing_pass(bench: Bench, progress: bool, shard: Shard | None = None) -> list[dict]:
+    """Time images 0..M-1 (``shard``: this process's share of the calls) of each configuration not timed yet,
+    at every latency batch size: warm-up calls first, then call by call across configurations
+    (:func:`time_batch`); each image's record is kept as soon as its call is done, and a timed image's tokens
+    must be its sample's (whatever the batch: spec section 9). Returns the share's timing records."""
     study, configurations = bench.study, bench.study.configurations
+    jobs = (shard or Shard()).share(timing_jobs(study))
     todo = [(size, images, [k for k, c in enumerate(configurations)
                             if any(bench.records.get("timing", c.label, i, size) is None for i in images)])
-            for size, images in timing_jobs(study)]
+            for size, images in jobs]
     todo = [(size, images, pending) for size, images, pending in todo if pending]
     for size in dict.fromkeys(size for size, _, _ in todo):
         for k in sorted({k for batch, _, pending in todo if batch == size for k in pending}):
@@ -278,6 +282,8 @@ def timing_pass(bench: Bench, progress: bool) -> None:
                 bench.records.add(timing_record(configurations[k], image, generation, seconds, size))
         bar.update(len(images) * len(pending))
     bar.close()
+    return [bench.records.get("timing", c.label, i, size) for size, images in jobs for c in configurations
+            for i in images]
 
 
 def sample_pass(bench: Bench, items: list[tuple[int, int]], progress: bool) -> list[dict]:
@@ -302,9 +308,11 @@ def sample_pass(bench: Bench, items: list[tuple[int, int]], progress: bool) -> l
 
 
 def run_benchmark(bundle: Bundle, study: Study, sampling: SamplingConfig, records: Records | None = None,
-                  shard: Shard | None = None, progress: bool = True, keep_images: bool = False) -> dict | None:
+                  shard: Shard | None = None, progress: bool = True, keep_images: bool = False,
+                  shared_timing: bool = False) -> dict | None:
     """Measure the study (one pass on one process; under torchrun a sharded untimed pass, then the timing pass
-    on rank 0: see the module's docstring) and summarise it: the result on rank 0, None on the others."""
+    on rank 0, or on every process with ``shared_timing``: see the module's docstring) and summarise it: the
+    result on rank 0, None on the others."""
     shard = shard or Shard()
     rules = [build_rule(c.name, c.params, c.tree.depth, bundle) for c in study.configurations]
     bench = Bench(bundle, study, rules, benchmark_conditions(bundle), sampling, records or Records())
@@ -313,16 +321,24 @@ def run_benchmark(bundle: Bundle, study: Study, sampling: SamplingConfig, record
         passes["timing_s"], _ = timed_pass(lambda: timing_pass(bench, progress))
         passes["sample_s"], _ = timed_pass(lambda: sample_pass(bench, study.items(), progress))
     else:
-        passes["sample_s"], samples = timed_pass(
-            lambda: gather(sample_pass(bench, shard.share(study.items()), progress), shard))
+        passes["sample_s"], samples = timed_pass(lambda: gather(sample_pass(bench, shard.share(study.items()), progress),
+                                                                shard, everyone=shared_timing, last=not shared_timing))
         if samples is None:
             return None
         for record in merge(samples, study):
             bench.records.add(record, save=False)  # saved by the process that made it
-        passes["timing_s"], _ = timed_pass(lambda: timing_pass(bench, progress))
+        if shared_timing:  # each process times its share (and checks its tokens against every sample)
+            passes["timing_s"], timed = timed_pass(lambda: gather(timing_pass(bench, progress, shard), shard))
+            if timed is None:
+                return None
+            for record in timed:
+                bench.records.add(record, save=False)
+        else:
+            passes["timing_s"], _ = timed_pass(lambda: timing_pass(bench, progress))
     if progress:  # what each pass took (of what it had left to do): not in the result, which a rerun reproduces
         print(f"passes: timing {passes['timing_s']:.1f} s, samples {passes['sample_s']:.1f} s", file=sys.stderr)
-    return {**summarise_study(bench, keep_images), "processes": shard.world}
+    return {**summarise_study(bench, keep_images), "processes": shard.world,
+            "timing_processes": shard.world if shared_timing else 1}
 
 
 def timed_pass(work):
@@ -702,7 +718,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", default=str(IMAGES.default))
     parser.add_argument("--latency-images", default=None, metavar="M",
                         help="time images 0..M-1 only (default: every image); under torchrun rank 0 times them alone "
-                             "after the sharded pass")
+                             "after the sharded pass (see --shared-timing)")
+    parser.add_argument("--shared-timing", action="store_true",
+                        help="under torchrun, every process times its share of the timed images (image i on rank i "
+                             "mod N) instead of rank 0 alone: N times sooner, each timing beside another's")
     parser.add_argument("--batch", default=str(BATCH.default), metavar="B",
                         help="images of one configuration decoded together in lockstep rounds in the untimed pass "
                              "(the same tokens as one at a time, so the same results, sooner)")
@@ -812,11 +831,11 @@ def benchmark(argv: list[str] | None) -> int:
         return profile_parts(args, bundle)
     say_batch_memory(bundle, study, sampling_from(args.overrides, bundle))
     join(shard, bundle.device)
-    if shard.world > 1 and shard.rank == 0 and study.timed_images == study.images:
+    if shard.world > 1 and shard.rank == 0 and study.timed_images == study.images and not args.shared_timing:
         print(f"note: rank 0 times all {study.images} images alone after the sharded pass; --latency-images "
               "below --images shortens that pass", file=sys.stderr)
     result = run_benchmark(bundle, study, sampling_from(args.overrides, bundle), Records(args.work, shard.rank),
-                           shard, progress=not args.no_progress and shard.rank == 0)
+                           shard, progress=not args.no_progress and shard.rank == 0, shared_timing=args.shared_timing)
     if result is not None:
         report(result, args)
     return 0

@@ -221,16 +221,21 @@ def join(shard: Shard, device: torch.device) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=GATHER_TIMEOUT)
 
 
-def gather(records: list[dict], shard: Shard) -> list[dict] | None:
-    """Every process's records on rank 0 (None elsewhere). The group ends here: what follows (the latency
-    pass, the summary) runs on rank 0 alone, so no process waits on a collective meanwhile."""
+def gather(records: list[dict], shard: Shard, everyone: bool = False, last: bool = True) -> list[dict] | None:
+    """Every process's records on rank 0 (None elsewhere), or on every process (``everyone``). The group ends
+    here unless more collectives follow (``last`` False): what follows runs without any process waiting on one."""
     if shard.world == 1:
         return records
-    received = [None] * shard.world if shard.rank == 0 else None
-    dist.gather_object(records, received, dst=0)
-    dist.barrier()
-    dist.destroy_process_group()
-    return [record for part in received for record in part] if shard.rank == 0 else None
+    if everyone:
+        received = [None] * shard.world
+        dist.all_gather_object(received, records)
+    else:
+        received = [None] * shard.world if shard.rank == 0 else None
+        dist.gather_object(records, received, dst=0)
+    if last:
+        dist.barrier()
+        dist.destroy_process_group()
+    return [record for part in received for record in part] if received is not None else None
 
 
 def merge(records: list[dict], study: Study) -> list[dict]:
