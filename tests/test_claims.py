@@ -1,4 +1,4 @@
-"""The study's summary (coolsd.cli.claims) reads the right numbers: on a hand-made study whose answers are
+"""The study's summary (coolsd.app.claims) reads the right numbers: on a hand-made study whose answers are
 known, and on a real tiny study through ``bench --summary``."""
 
 import json
@@ -7,9 +7,12 @@ from pathlib import Path
 from helpers import markdown_table
 
 from coolsd.cli import bench
-from coolsd.cli.claims import (
+from coolsd.app.claims import (
+    CLAIMS,
     against_ar,
     better,
+    claim_rows,
+    claims_table,
     comparisons,
     cool_relaxation,
     dominance,
@@ -229,3 +232,53 @@ def test_comparisons_across_drafts_name_both_drafts_and_the_speed_up():
     assert lines[4] == ("| eagle @ jacobi:8:coupled | eagle @ chain:5 | jacobi:8:coupled / chain:5 | -0.5000 [-0.6000, "
                         "-0.4000] | +0.2000 [+0.1500, +0.2500] | +0.0000 [-0.0200, +0.0200] |")
     assert "speed-up over AR: a better in 1, b better in 0, unresolved in 0" in lines[-2]
+
+
+def pair(aspect, **measures):
+    """A comparison of ``aspect`` whose a minus b is resolved above 0 (+1), below (-1) or not (0) per measure."""
+    return {"a": "x", "b": "y", "draft": "chain:5", "b_draft": "chain:5", "differs_in": aspect,
+            "a_minus_b": {m: difference(0.5 * sign, 0.2 if sign else 0.9) for m, sign in measures.items()}}
+
+
+def test_claim_verdicts_need_a_quarter_of_the_pairs_one_way():
+    """Annealing (a favoured, higher tau better, FID lower better): of 8 pairs, tau is resolved for in 2 (a
+    quarter: holds) and FID against in 1 (chance: not resolved), so the claim holds. G* (b favoured): FID a minus
+    b resolved above 0 (a worse: for G*) in 2 and below in 2: mixed. Schedule: one stray resolved pair of 8."""
+    result = study()
+    result["comparisons"] = ([pair("annealing", tau=1, fid=1 if k == 0 else 0) for k in range(2)]
+                             + [pair("annealing", tau=0, fid=0) for _ in range(6)]
+                             + [pair("residual", fid=sign) for sign in (1, 1, -1, -1, 0, 0, 0, 0)]
+                             + [pair("schedule", tau=-1)] + [pair("schedule", tau=0) for _ in range(7)])
+    for row in result["comparisons"]:
+        row["a_minus_b"].setdefault("log_likelihood_gap", difference(0.0, 0.5))
+    rows = {claim.aspect: (shows, said) for claim, shows, said in claim_rows(result) if claim.aspect}
+    assert rows["annealing"] == ("8 pairs; tau: 2 for, 0 against (holds); log-likelihood gap to Eagle-1: 0 for, 0 "
+                                 "against (not resolved); FID: 0 for, 1 against (not resolved)", "holds")
+    assert rows["residual"][1] == "mixed" and "FID: 2 for, 2 against (mixed)" in rows["residual"][0]
+    assert rows["schedule"][1] == "not resolved" and "tau: 0 for, 1 against" in rows["schedule"][0]
+    # planted: G* worse in every pair reverses the claim
+    for row in result["comparisons"]:
+        if row["differs_in"] == "residual":
+            row["a_minus_b"]["fid"] = difference(-0.5, 0.2)
+    assert {c.aspect: said for c, _, said in claim_rows(result)}["residual"] == "reverses"
+    table = claims_table(result)
+    assert table[2] == "| claim | from | what the study shows | verdict |"
+    assert sum(line.startswith("| ") for line in table) == 1 + len(claim_rows(result))  # the header, then a row each
+
+
+def test_dominance_claims_compare_families_per_panel_against_their_reference():
+    """COOL-SD against LANTERN++ on chain:5 (study()): COOL-SD beats 1 of 2 LANTERN++ points on the log-likelihood
+    distance and LANTERN++ 2 of 4 COOL-SD ones: neither dominates. COOL-SD against GSD on Jacobi windows of 8, read
+    against AR: COOL-SD's point beats both GSD points, neither beats it: holds."""
+    result = study()
+    result["runs"] += [jacobi_run("gsd", "jacobi:8:point", 3.0, 0.05), jacobi_run("gsd", "jacobi:8:point", 3.1, 0.06),
+                       jacobi_run("cool", "jacobi:8:coupled", 3.2, -0.04)]
+    result["runs"][-2]["label"] = "gsd:residual=gstar @ jacobi:8:point"
+    rows = {claim.families: (shows, said) for claim, shows, said in claim_rows(result) if claim.families}
+    cool_lantern, cool_gsd = rows["cool", "lantern"], rows["cool", "gsd"]
+    assert cool_lantern[1] == "mixed" and ("chain:5, log-likelihood gap to Eagle-1: 1 of 2 LANTERN++ points beaten, "
+                                           "2 of 4 COOL-SD (mixed)") in cool_lantern[0]
+    assert cool_gsd == ("jacobi:8, log-likelihood gap to Eagle-1: 2 of 2 GSD points beaten, 0 of 1 COOL-SD (holds)",
+                        "holds")
+    assert len(CLAIMS) == 8 and {c.aspect for c in CLAIMS} >= {"annealing", "residual", "schedule", "refresh",
+                                                             "lossless_source", "relaxed_source"}

@@ -4,6 +4,8 @@ Every number is read from the study's JSON; nothing here measures anything."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 QUALITY = ("log_likelihood_per_token", "fid", "judge_accuracy")
 # A relaxed method can move the target's log-likelihood of its tokens either way from Eagle-1's (down: less
 # likely tokens; up: mode seeking); both depart from the target, so comparisons rank the distance, not the sign.
@@ -117,7 +119,7 @@ def comparisons(result: dict) -> list[str]:
     return lines
 
 
-FAMILY_NAMES = {"cool": "COOL-SD", "lantern": "LANTERN++", "uniform": "UniformRSD"}
+FAMILY_NAMES = {"cool": "COOL-SD", "lantern": "LANTERN++", "uniform": "UniformRSD", "gsd": "GSD"}
 DOMINANCE_PAIRS = (("cool", "lantern"), ("lantern", "cool"), ("cool", "uniform"), ("uniform", "cool"))
 
 
@@ -229,9 +231,133 @@ def key_tables(result: dict) -> list[str]:
     return ["Key configurations (value [95% interval]; bold: the interval excludes 0):", ""] + tables if tables else []
 
 
+# The claims the study restates (README, docs/results.md, the tour) -----------------------------------------------
+@dataclass(frozen=True)
+class Claim:
+    """A claim the study tests, and where it comes from: either a paired comparison (``aspect``: its pairs, a
+    minus b) saying the ``favoured`` side is better on the ``judged`` measures ("quality": each recorded one),
+    or ``families`` (a, b): a's points match or beat b's on tau and quality (point estimates, :func:`beaten`)."""
+
+    name: str
+    source: str
+    aspect: str | None = None
+    favoured: str = "a"
+    judged: tuple[str, ...] = ()
+    families: tuple[str, str] | None = None
+
+
+CLAIMS = (
+    Claim("COOL-SD's annealing beats UniformRSD at the same delta", "COOL-SD paper", "annealing", "a",
+          ("tau", "quality")),
+    Claim("G* improves LANTERN++'s quality", "COOL-SD paper", "residual", "b", ("quality",)),
+    Claim("exponential decay beats linear", "COOL-SD paper", "schedule", "a", ("tau", "quality")),
+    Claim("COOL-SD dominates LANTERN++ on tau and quality", "COOL-SD paper", families=("cool", "lantern")),
+    Claim("a lossless drafter-free method (SJD, SCD) is faster than Eagle-1, at equal quality",
+          "SJD and SCD papers, each against its own AR", "lossless_source", "a", ("speedup_vs_ar",)),
+    Claim("a coupled refresh accepts more than an independent one (SCD over SJD)", "SCD paper", "refresh", "a",
+          ("tau",)),
+    Claim("COOL-SD is faster on the target's own (coupled Jacobi) drafts than on the draft model's",
+          "new in this study", "relaxed_source", "a", ("speedup_vs_ar",)),
+    Claim("COOL-SD on coupled Jacobi drafts matches or beats GSD at equal tau", "new in this study",
+          families=("cool", "gsd")),
+)
+DOMINATES = 2 / 3  # a dominates b when it matches or beats this share of b's points and b at most 1 - it of a's
+# A measure decides a paired claim when at least this share of the pairs resolves it one way: at 95% intervals
+# about 5% of pairs resolve either way by chance, so a few stray ones decide nothing (the counts still show them).
+DECIDES = 0.25
+
+
+def measure_verdict(favoured: int, against: int, pairs: int) -> str:
+    """One measure's verdict on a paired claim: "holds" or "reverses" when only that side is resolved in at least
+    DECIDES of the pairs, "mixed" when both are, else "not resolved"."""
+    sides = favoured >= DECIDES * pairs, against >= DECIDES * pairs
+    return {(True, False): "holds", (False, True): "reverses", (True, True): "mixed"}.get(sides, "not resolved")
+
+
+def verdict(verdicts: list[str]) -> str:
+    """A claim's verdict from its measures' (or panels'): those that decide must agree, else "mixed"."""
+    decided = set(verdicts) - {"not resolved"}
+    return decided.pop() if len(decided) == 1 else "mixed" if decided else "not resolved"
+
+
+def paired_claim(result: dict, claim: Claim) -> tuple[str, str] | None:
+    """(what the pairs show, verdict) of a paired claim: per judged measure, how many pairs resolve it for the
+    claim and against it; None when the study has none of its pairs."""
+    pairs = [c["a_minus_b"] for c in result.get("comparisons", []) if c["differs_in"] == claim.aspect]
+    if not pairs:
+        return None
+    judged = [m for j in claim.judged for m in ([COMPARED.get(q, q) for q in measures(result)] if j == "quality"
+                                                else [j])]
+    cells, verdicts = [], []
+    for m in judged:
+        outcomes = [better(pair[m], m) for pair in pairs if m in pair]
+        if not outcomes:
+            continue
+        favoured, against = outcomes.count(claim.favoured == "a"), outcomes.count(claim.favoured != "a")
+        verdicts.append(measure_verdict(favoured, against, len(outcomes)))
+        cells.append(f"{NAMES[m]}: {favoured} for, {against} against ({verdicts[-1]})")
+    return f"{len(pairs)} pairs; " + "; ".join(cells), verdict(verdicts)
+
+
+def beaten(winners: list[dict], others: list[dict], value: dict[str, float]) -> int:
+    """How many of ``others`` some winner matches or beats on both tau and ``value`` (higher is better)."""
+    return sum(any(w["tau"] >= r["tau"] and value[w["label"]] >= value[r["label"]] for w in winners) for r in others)
+
+
+def dominance_claim(result: dict, claim: Claim) -> tuple[str, str] | None:
+    """(what the points show, verdict) of a dominance claim, per panel (each draft model's draft; Jacobi windows by
+    length, against AR) and quality measure: a dominates where it matches or beats DOMINATES of b's points and b at
+    most 1 - DOMINATES of a's, the reverse where b does; point estimates, so within the study's noise."""
+    a, b = claim.families
+    cells, verdicts = [], []
+    runs = [r for r in result["runs"] if r["method"] in (a, b)]
+    for reference in ("vs_eagle", "vs_ar"):
+        chosen = [r for r in runs if (reference == "vs_ar") == ("vs_ar" in r)]
+        panels = sorted({r["draft"] if reference == "vs_eagle" else ":".join(r["draft"].split(":")[:2])
+                         for r in chosen})
+        for where in panels:
+            here = [r for r in chosen if r["draft"] == where or r["draft"].startswith(where + ":")]
+            for m in measures(result):
+                scored = [r for r in here if m in r.get(reference, {})]
+                value = {r["label"]: score(r[reference][m]["value"], m) for r in scored}
+                first, second = ([r for r in scored if r["method"] == f] for f in (a, b))
+                if not first or not second:
+                    continue
+                of_b, of_a = beaten(first, second, value), beaten(second, first, value)
+                favoured = of_b >= DOMINATES * len(second) and of_a <= (1 - DOMINATES) * len(first)
+                against = of_a >= DOMINATES * len(first) and of_b <= (1 - DOMINATES) * len(second)
+                verdicts.append("holds" if favoured else "reverses" if against else "mixed")
+                cells.append(f"{where}, {NAMES[COMPARED.get(m, m)]}: {of_b} of {len(second)} {FAMILY_NAMES[b]} "
+                             f"points beaten, {of_a} of {len(first)} {FAMILY_NAMES[a]} ({verdicts[-1]})")
+    if not cells:
+        return None
+    return "; ".join(cells), verdict(verdicts)
+
+
+def claim_rows(result: dict) -> list[tuple[Claim, str, str]]:
+    """(claim, what the study shows, verdict) for every claim of CLAIMS the study has the runs for."""
+    rows = []
+    for claim in CLAIMS:
+        shown_verdict = dominance_claim(result, claim) if claim.families else paired_claim(result, claim)
+        if shown_verdict is not None:
+            rows.append((claim, *shown_verdict))
+    return rows
+
+
+def claims_table(result: dict) -> list[str]:
+    """The claims and their verdicts as a Markdown table: "holds" (resolved for it, never against), "reverses",
+    "mixed" (both) or "not resolved"."""
+    rows = claim_rows(result)
+    if not rows:
+        return []
+    return (["The claims, restated (pairs: resolved 95% intervals for and against; points: point estimates):", "",
+             "| claim | from | what the study shows | verdict |", "|---|---|---|---|"]
+            + [f"| {claim.name} | {claim.source} | {shows} | **{said}** |" for claim, shows, said in rows] + [""])
+
+
 def summary(result: dict) -> str:
     """The study's summary in Markdown."""
-    parts = [noise_floor(result), cool_relaxation(result), comparisons(result),
+    parts = [claims_table(result), noise_floor(result), cool_relaxation(result), comparisons(result),
              *(dominance(result, m) for m in measures(result) if m != "judge_accuracy"),
              *(part for part in (against_ar(result), gsd_against_cool(result)) if part), key_tables(result)]
     return "\n".join(line for part in parts for line in part + [""])
