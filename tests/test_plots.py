@@ -381,7 +381,7 @@ def test_study_quality_draws_each_difference_with_its_interval_per_draft():
     result = study_result()
     fig = plots.study_quality(result)
     FigureCanvasAgg(fig).draw()
-    assert [ax.get_title() for ax in fig.axes] == ["chain:5", "tree:eagle25"]
+    assert [ax.get_title() for ax in fig.axes] == ["draft model, chain:5", "draft model, tree:eagle25"]
     assert not [text for text in texts(fig) if INTERNAL.search(text)]
     for ax, draft in zip(fig.axes, result["drafts"]):
         cool = [r for r in result["runs"] if r["draft"] == draft and r["method"] == "cool"]
@@ -394,6 +394,71 @@ def test_study_quality_draws_each_difference_with_its_interval_per_draft():
         assert [(round(s[0][1], 9), round(s[1][1], 9)) for s in bars] == want
     legend = {t.get_text() for legend in fig.legends for t in legend.get_texts()}
     assert legend == {"Eagle-1 (lossless)", "COOL-SD (ν=0.7, exp)", "LANTERN++ with G*"}
+
+
+def jacobi_study() -> dict:
+    """:func:`study_result` with drafter-free runs on windows of 8 and 16: SJD and SCD (Eagle-1's rule on an
+    independent and a coupled window), GSD, and COOL-SD on the coupled window at two strengths, each with its
+    difference from AR (``vs_ar``) and, to tell them apart, a different one from Eagle-1 (``vs_eagle``)."""
+    result = study_result()
+    (ar,) = [r for r in result["runs"] if r["method"] == "ar"]
+    ar["vs_eagle"] = {"log_likelihood_per_token": {"value": 0.01, "low": -0.03, "high": 0.02}}
+
+    def run(method, params, draft, tau, value):
+        return {"method": method, "params": params, "draft": draft, "label": f"{method}{params} @ {draft}",
+                "tau": tau, "speedup_vs_ar": tau / 3,
+                "vs_eagle": {"log_likelihood_per_token": {"value": 9.0, "low": 8.0, "high": 10.0}},
+                "vs_ar": {"log_likelihood_per_token": {"value": value, "low": value - 0.02, "high": value + 0.02}},
+                "per_depth": {"depth": [1, 2], "reached": [10, 5], "accept_prob": [0.5, 0.4]}}
+    for length in (8, 16):
+        shift = length / 100
+        result["runs"] += [run("eagle", {}, f"jacobi:{length}:point", 1.5 + shift, 0.001),
+                           run("eagle", {}, f"jacobi:{length}:coupled:point", 1.7 + shift, -0.002),
+                           run("gsd", {"gap": 3}, f"jacobi:{length}:point", 2.0 + shift, -0.05),
+                           run("cool", {"delta": 1.5}, f"jacobi:{length}:coupled", 1.9 + shift, -0.01),
+                           run("cool", {"delta": 3}, f"jacobi:{length}:coupled", 2.4 + shift, -0.04)]
+        result["drafts"] += [f"jacobi:{length}:point", f"jacobi:{length}:coupled:point", f"jacobi:{length}:coupled"]
+    return result
+
+
+def test_study_draws_drafter_free_runs_against_ar_one_panel_per_window_length(narrow):
+    result = jacobi_study()
+    fig = plots.study_quality(result, "log_likelihood_per_token", narrow=narrow,
+                              families=plots.family_choices(result["runs"], study=True).values())
+    FigureCanvasAgg(fig).draw()
+    assert [ax.get_title() for ax in fig.axes] == ["draft model, chain:5", "draft model, tree:eagle25",
+                                                   "Jacobi windows of 8, against AR", "Jacobi windows of 16, against AR"]
+    floor = {"low": -0.03, "high": 0.02}
+    for ax, length in zip(fig.axes[2:], (8, 16)):
+        series = {c.get_label(): c for c in ax.containers}
+        assert set(series) == {"SJD", "SCD", "GSD", "COOL-SD on SCD, uniform fresh"}
+        cool = [r for r in result["runs"] if r["draft"] == f"jacobi:{length}:coupled"]
+        assert list(series["COOL-SD on SCD, uniform fresh"].lines[0].get_xdata()) == [r["tau"] for r in cool]
+        assert list(series["COOL-SD on SCD, uniform fresh"].lines[0].get_ydata()) == [-0.01, -0.04]  # vs_ar
+        assert "AR" in ax.get_ylabel() and "Eagle-1" not in ax.get_ylabel()
+        (band,) = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_facecolor()[:3] == (
+            pytest.approx((0.82, 0.82, 0.82)))]  # Eagle-1 minus AR: the floor mirrored
+        assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((-floor["high"], -floor["low"]))
+    (band,) = [p for p in fig.axes[0].patches if isinstance(p, Rectangle) and p.get_facecolor()[:3] == (
+        pytest.approx((0.82, 0.82, 0.82)))]
+    assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((floor["low"], floor["high"]))
+    assert not [c for ax in fig.axes[:2] for c in ax.containers if c.get_label() in ("SJD", "SCD", "GSD")]
+
+
+def test_drafter_free_series_keys_tell_the_windows_apart():
+    runs = jacobi_study()["runs"]
+    keys = {(r["draft"], r["method"]): plots.family(r) for r in runs}
+    assert keys["jacobi:8:point", "eagle"] == keys["jacobi:16:point", "eagle"] == "eagle @ jacobi:independent:point"
+    assert keys["jacobi:8:coupled:point", "eagle"] == "eagle @ jacobi:coupled:point"
+    assert keys["chain:5", "eagle"] == keys["tree:eagle25", "eagle"] == "eagle"
+    choices = plots.family_choices(runs, study=True)
+    assert {"SJD", "SCD", "GSD", "COOL-SD on SCD, uniform fresh", "Eagle-1 (lossless)"} <= set(choices)
+    (ax,) = [ax for ax in plots.study_quality(jacobi_study(), families=["eagle @ jacobi:coupled:point"]).axes
+             if ax.get_title().startswith("Jacobi windows of 8")]
+    assert [c.get_label() for c in ax.containers] == ["SCD"]
+    named = {"method": "gsd", "params": {"residual": "gstar"}, "draft": "jacobi:16:point"}
+    assert plots.family_name(named) == "GSD with G*"
+    assert plots.family_name(dict(named, draft="jacobi:16:gumbel")) == "GSD with G* on Gumbel coupling, uniform fresh"
 
 
 def test_study_acceptance_shows_each_familys_named_point():
@@ -686,7 +751,8 @@ def test_a_study_with_every_series_unticked_keeps_each_drafts_tau_range_and_says
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert panels
     for ax in panels:
-        taus = [r["tau"] for r in shipped_study["runs"] if r["draft"] == ax.get_title()]
+        taus = [r["tau"] for r in shipped_study["runs"]
+                if r["method"] != "ar" and plots.panel_title(plots.panel(r["draft"])) == ax.get_title()]
         low, high = ax.get_xlim()
         assert low <= min(taus) and high >= max(taus) and low > 0.5  # not matplotlib's empty -0.06..0.06
         assert "no series chosen" in [t.get_text() for t in ax.texts]

@@ -44,6 +44,7 @@ SOURCE_STYLE = {"fresh": ("^", "#56b4e9", "fresh (random) draft"),
 SOURCE_EDGE = "black"
 MOST_DEPTH_ENTRIES = 8  # more accepted depths than this (a deep Jacobi window) share legend entries by range
 WIDE, NARROW = 8.0, 4.2  # inches: a full-width desktop panel, and one of the two side-by-side acceptance maps
+ROW_HEIGHT = 3.0  # inches: each further row of a desktop figure's panels
 PHONE_WIDTH = 4.0  # inches: a phone's panel (about 360 px) shows it at 0.9x, so 9 pt is 11 px on screen
 
 
@@ -84,10 +85,17 @@ def _figure(width: float = WIDE, height: float = 3.6, cols: int = 1, rows: int =
 
 
 def _panels(style: Layout, count: int, height: float, stacked_height: float) -> tuple[Figure, np.ndarray]:
-    """``count`` panels side by side (desktop) or one above the other, ``stacked_height`` inches each (phone)."""
+    """``count`` panels side by side (desktop; two to a row past two, each further row ``ROW_HEIGHT`` inches) or
+    one above the other, ``stacked_height`` inches each (phone). Unused grid cells are removed."""
     if style.stacked and count > 1:
         return _figure(style.width, stacked_height * count, rows=count)
-    return _figure(style.width, height, cols=count)
+    if count <= 2:
+        return _figure(style.width, height, cols=count)
+    rows = math.ceil(count / 2)
+    fig, axes = _figure(style.width, height + ROW_HEIGHT * (rows - 1), cols=2, rows=rows)
+    for ax in axes[count:]:
+        fig.delaxes(ax)
+    return fig, axes[:count]
 
 
 def _legend_below(fig: Figure | SubFigure, handles: list, ncol: int, size: float = 9) -> None:
@@ -147,22 +155,53 @@ def _parameter(method: str, key: str, value) -> str:
     return str(value) if _named(method, key) else f"{SYMBOLS.get(key, key)}={value}"
 
 
+# A Jacobi window's refresh, as the published method it makes with Eagle-1's rule (spec section 11)
+WINDOW_NAMES = {"independent": "SJD", "coupled": "SCD", "gumbel": "Gumbel coupling"}
+
+
+def _window(run: dict) -> DraftTree | None:
+    """The run's Jacobi window, or None for a draft model's draft (or none): the drafter-free runs are told apart
+    by how their window is refreshed, not by their method alone (Eagle-1 on a window is SJD, SCD, ...)."""
+    draft = run.get("draft")
+    if not draft or draft == "none" or not draft.startswith("jacobi"):
+        return None
+    return parse_draft(draft)
+
+
 def family(run: dict) -> str:
-    """A benchmark run's series: its method and every parameter except the relaxation strength (internal names;
-    :func:`family_name` is what the figure shows)."""
+    """A benchmark run's series: its method and every parameter except the relaxation strength, and for a Jacobi
+    window its kind (refresh and fresh-draft law, not its length: ``eagle @ jacobi:coupled:point``). Internal
+    names; :func:`family_name` is what the figure shows."""
     fixed = ", ".join(f"{key}={value}" for key, value in sorted(run["params"].items())
                       if key not in swept(run["method"]))
-    return f"{run['method']} ({fixed})" if fixed else run["method"]
+    key = f"{run['method']} ({fixed})" if fixed else run["method"]
+    window = _window(run)
+    return key if window is None else f"{key} @ jacobi:{window.refresh}:{window.fresh}"
+
+
+def window_name(window: DraftTree) -> str:
+    """``SCD`` for a coupled window whose fresh drafts are point masses (as published), ``SCD, uniform fresh``
+    for the other law."""
+    return WINDOW_NAMES[window.refresh] + ("" if window.fresh == "point" else f", {window.fresh} fresh")
 
 
 def family_name(run: dict) -> str:
-    """A series' display name: the app's method name plus the fixed parameters, e.g. ``COOL-SD (ν=0.3, linear)``."""
+    """A series' display name: the app's method name plus the fixed parameters, e.g. ``COOL-SD (ν=0.3, linear)``;
+    on a Jacobi window, the published method (``SJD``, ``GSD``) or the rule and its window (``COOL-SD on SCD``)."""
     params = run["params"]
     name, in_name = _variant(run["method"], params)
     keys = sorted(params, key=lambda key: (_named(run["method"], key), key))  # "COOL-SD (ν=0.3, linear)"
     fixed = [_parameter(run["method"], key, params[key]) for key in keys
              if key not in swept(run["method"]) and key not in in_name]
-    return f"{name} ({', '.join(fixed)})" if fixed else name
+    name = f"{name} ({', '.join(fixed)})" if fixed else name
+    window = _window(run)
+    if window is None:
+        return name
+    if run["method"] == "eagle":
+        return window_name(window)
+    if run["method"] == "gsd" and (window.refresh, window.fresh) == ("independent", "point"):
+        return name  # GSD as published
+    return f"{name} on {window_name(window)}"
 
 
 def point_label(run: dict) -> str:
@@ -764,6 +803,33 @@ def noise_floor(result: dict, metric: str) -> dict | None:
     return ar["vs_eagle"][metric] if ar is not None else None
 
 
+def reference(run: dict) -> str:
+    """The run a study compares this one with on the same images: AR for a drafter-free run (its own
+    reference: a Jacobi window's lossless rule is already SJD or SCD), else Eagle-1 on the same draft."""
+    return "vs_ar" if _window(run) is not None else "vs_eagle"
+
+
+def study_difference(run: dict, metric: str) -> dict | None:
+    """The run's paired difference on ``metric`` from its :func:`reference` (``value``, ``low``, ``high``)."""
+    return run.get(reference(run), {}).get(metric)
+
+
+def panel(draft: str) -> str:
+    """The study panel a draft's runs go in: each draft model's draft alone, Jacobi windows by length whatever
+    their refresh (so SJD, SCD, Gumbel coupling, GSD and COOL-SD on SCD share axes)."""
+    tree = parse_draft(draft)
+    return f"jacobi:{tree.depth}" if tree.source == "jacobi" else draft
+
+
+def panel_title(key: str) -> str:
+    return f"Jacobi windows of {key.split(':')[1]}, against AR" if key.startswith("jacobi") else f"draft model, {key}"
+
+
+def _mirrored(floor: dict | None) -> dict | None:
+    """The noise floor as Eagle-1 minus AR: the band for a panel measured against AR."""
+    return None if floor is None else {"value": -floor["value"], "low": -floor["high"], "high": -floor["low"]}
+
+
 def quietest_measure(result: dict) -> str | None:
     """The quality measure the study resolves best: the smallest ratio of its noise floor's width (AR minus
     Eagle-1, paired 95% interval; without an AR run, the runs' median interval width) to the spread (standard
@@ -781,7 +847,8 @@ def quietest_measure(result: dict) -> str | None:
 
 
 def _study_families(runs: list[dict]) -> dict[str, list[dict]]:
-    """Speculative runs by family (method and fixed parameters), each sorted by tau; AR has no draft."""
+    """Speculative runs by family (method, fixed parameters and Jacobi window kind), each sorted by tau; AR has
+    no draft."""
     families: dict[str, list[dict]] = {}
     for run in runs:
         if run["method"] != "ar":
@@ -791,14 +858,15 @@ def _study_families(runs: list[dict]) -> dict[str, list[dict]]:
 
 def _study_axes(result: dict, height: float, style: Layout
                 ) -> tuple[Figure, list[tuple[Axes, str]], dict[str, tuple[str, str]]]:
-    """One panel per draft (side by side; stacked on a phone), and one (colour, marker) per family, the same in
-    every panel and whichever families are shown."""
+    """One panel per :func:`panel` (side by side, two to a row past two; stacked on a phone), and one (colour,
+    marker) per family, the same in every panel and whichever families are shown."""
     drafts = result.get("drafts") or sorted({r["draft"] for r in result["runs"] if r["method"] != "ar"})
-    fig, axes = _panels(style, len(drafts), height, 4.2)
+    keys = list(dict.fromkeys(panel(draft) for draft in drafts))
+    fig, axes = _panels(style, len(keys), height, 4.2)
     colors = colormaps["tab10"]
     styles = {name: (colors(i % 10), MARKERS[i % len(MARKERS)])
               for i, name in enumerate(_study_families(result["runs"]))}
-    return fig, list(zip(axes, drafts)), styles
+    return fig, list(zip(axes, keys)), styles
 
 
 def _study_legend(fig: Figure, axes: list[tuple[Axes, str]], style: Layout, extra: Sequence = ()) -> None:
@@ -809,24 +877,25 @@ def _study_legend(fig: Figure, axes: list[tuple[Axes, str]], style: Layout, extr
     _legend_below(fig, list(handles.values()) + list(extra), ncol=style.columns, size=style.legend)
 
 
-def _band(floor: dict | None) -> Patch | None:
-    """The noise floor's legend entry, with its numbers."""
+def _band(floor: dict | None, mirrored: bool) -> Patch | None:
+    """The noise floor's legend entry, with its numbers; ``mirrored``: some panels, against AR, draw its mirror."""
     if floor is None:
         return None
-    return Patch(facecolor=NOISE_COLOR, label=f"noise floor (AR − Eagle-1):\n{floor['value']:+.3g} "
-                                              f"[{floor['low']:+.3g}, {floor['high']:+.3g}]")
+    said = "AR − Eagle-1; against AR, its mirror" if mirrored else "AR − Eagle-1"
+    return Patch(facecolor=NOISE_COLOR, label=f"noise floor ({said}):\n"
+                                              f"{floor['value']:+.3g} [{floor['low']:+.3g}, {floor['high']:+.3g}]")
 
 
 def _quality_panel(ax: Axes, runs: list[dict], metric: str, styles: dict, floor: dict | None) -> tuple[list, list]:
-    """One draft's differences from Eagle-1 with their paired intervals over the noise floor's band; returns the
-    points to label and the bars they must not cover."""
+    """One panel's differences from their references with their paired intervals over the noise floor's band;
+    returns the points to label and the bars they must not cover."""
     if floor is not None:
         ax.axhspan(floor["low"], floor["high"], color=NOISE_COLOR, zorder=0, lw=0)
     ax.axhline(0, color="0.5", lw=0.8, ls="--")
     points, spans = [], []
     for name, items in _study_families(runs).items():
         color, marker = styles[name]
-        differences = [r["vs_eagle"][metric] for r in items]
+        differences = [study_difference(r, metric) for r in items]
         values = np.array([d["value"] for d in differences])
         lows, highs = np.array([d["low"] for d in differences]), np.array([d["high"] for d in differences])
         ax.errorbar([r["tau"] for r in items], values, yerr=[values - lows, highs - values], color=color,
@@ -839,8 +908,9 @@ def _quality_panel(ax: Axes, runs: list[dict], metric: str, styles: dict, floor:
 def study_quality(result: dict, metric: str | None = None, current: tuple[str, float, float] | None = None, *,
                   families: Sequence[str] | None = None, narrow: bool = False) -> Figure:
     """The paper's quality/speed view with its noise: each configuration's quality minus Eagle-1's on the same
-    images, against tau, with the paired 95% bootstrap interval as a bar and the study's measured noise floor
-    (AR minus Eagle-1) as a grey band; one panel per draft, each point labelled with its relaxation strength.
+    images (a drafter-free one's minus AR's: :func:`reference`), against tau, with the paired 95% bootstrap
+    interval as a bar and the study's measured noise floor (AR minus Eagle-1) as a grey band; one panel per
+    draft model's draft and per Jacobi window length, each point labelled with its relaxation strength.
     ``metric`` defaults to :func:`quietest_measure`; ``families`` as in :func:`tradeoff`; ``current``
     (draft, tau, difference) stars the app's current setting."""
     metric = metric or quietest_measure(result) or next(iter(DIFFERENCE_LABELS))
@@ -848,29 +918,33 @@ def study_quality(result: dict, metric: str | None = None, current: tuple[str, f
     chosen = _chosen(result["runs"], families, study=True)
     fig, axes, styles = _study_axes(result, 5.6, style)
     floor = noise_floor(result, metric)
-    title = (f"Quality against speed: minus Eagle-1 on the same {result['images']} images (bars: paired 95% "
-             "intervals)" + ("" if floor else "; no AR run, so the noise floor is unknown"))
+    title = (f"Quality against speed: minus Eagle-1 (drafter-free runs: minus AR) on the same {result['images']} "
+             "images (bars: paired 95% intervals)" + ("" if floor else "; no AR run, so the noise floor is unknown"))
     fig.suptitle(_fill(title, style.title, style.width), fontsize=style.title)
     labels = []
-    for ax, draft in axes:
-        runs = [r for r in result["runs"] if r["draft"] == draft and metric in r.get("vs_eagle", {})
-                and family(r) in chosen]
-        star = current[1:] if current is not None and current[0] == draft else None
-        labels.append((ax, *_quality_panel(ax, runs, metric, styles, floor), star))
+    for ax, key in axes:
+        in_panel = [r for r in result["runs"] if r["method"] != "ar" and panel(r["draft"]) == key]
+        runs = [r for r in in_panel if study_difference(r, metric) is not None and family(r) in chosen]
+        star = current[1:] if current is not None and panel(current[0]) == key else None
+        band = _mirrored(floor) if key.startswith("jacobi") else floor
+        labels.append((ax, *_quality_panel(ax, runs, metric, styles, band), star))
         _current_star(ax, star)
         if not any(metric in r.get("vs_eagle", {}) for r in result["runs"]):
             ax.text(0.5, 0.5, f"this study did not record {METRIC_LABELS.get(metric, metric).split(' (')[0]}",
                     ha="center", va="center", transform=ax.transAxes, fontsize=style.subtitle)
-        elif not runs:  # every series unticked: the draft's tau range, not matplotlib's empty -0.06..0.06
-            taus = [r["tau"] for r in result["runs"] if r["draft"] == draft] or [1.0]
+        elif not runs:  # every series unticked: the panel's tau range, not matplotlib's empty -0.06..0.06
+            taus = [r["tau"] for r in in_panel] or [1.0]
             ax.set_xlim(min(taus) - 0.1, max(taus) + 0.1)
             ax.text(0.5, 0.5, "no series chosen", ha="center", va="center", transform=ax.transAxes,
                     fontsize=style.subtitle)
-        ax.set_title(draft, fontsize=style.subtitle)
+        ax.set_title(panel_title(key), fontsize=style.subtitle)
         ax.set_xlabel(METRIC_LABELS["tau"].split(" (")[0])
-        ax.set_ylabel(_fill(DIFFERENCE_LABELS.get(metric, metric), 10, 3.2 if style.stacked else 4.4))
+        label = DIFFERENCE_LABELS.get(metric, metric)
+        label = label.replace("Eagle-1", "AR") if key.startswith("jacobi") else label
+        ax.set_ylabel(_fill(label, 10, 3.2 if style.stacked or len(axes) > 2 else 4.4))
         ax.margins(x=0.1, y=0.1)
-    _study_legend(fig, axes, style, [band for band in [_band(floor)] if band])
+    mirrored = any(key.startswith("jacobi") for _, key in axes)
+    _study_legend(fig, axes, style, [band for band in [_band(floor, mirrored)] if band])
     fig.canvas.draw()
     for ax, points, spans, star in labels:
         _label_points(ax, points, style.small, spans, star)
@@ -884,14 +958,14 @@ def study_speedup(result: dict, *, narrow: bool = False) -> Figure:
     fig.suptitle(_fill(f"Speed-up over AR against tau ({result.get('latency_images', result['images'])} timed "
                        f"images per configuration, {result.get('device', 'cpu')}, {result.get('threads', 1)} "
                        "thread(s))", style.title, style.width), fontsize=style.title)
-    for ax, draft in axes:
+    for ax, key in axes:
         ax.axhline(1, color="0.5", lw=0.8, ls="--")
-        runs = [r for r in result["runs"] if r["draft"] == draft]
+        runs = [r for r in result["runs"] if r["method"] != "ar" and panel(r["draft"]) == key]
         for name, items in _study_families(runs).items():
             color, marker = styles[name]
             ax.plot([r["tau"] for r in items], [r["speedup_vs_ar"] for r in items], color=color, marker=marker,
                     ms=4, lw=1, label=name)
-        ax.set_title(draft, fontsize=style.subtitle)
+        ax.set_title(panel_title(key), fontsize=style.subtitle)
         ax.set_xlabel(METRIC_LABELS["tau"].split(" (")[0])
         ax.set_ylabel(_fill("speed-up over AR (ratio of median latencies)", 10, 3.2))
     _study_legend(fig, axes, style)
@@ -912,15 +986,16 @@ def study_acceptance(result: dict, *, narrow: bool = False) -> Figure:
     fig, axes, styles = _study_axes(result, 4.6, style)
     fig.suptitle(_fill("Acceptance per draft position (pooled over all rounds that reached it)", style.title,
                        style.width), fontsize=style.title)
-    for ax, draft in axes:
-        runs = [r for r in result["runs"] if r["draft"] == draft and r.get("per_depth", {}).get("depth")]
+    for ax, key in axes:
+        runs = [r for r in result["runs"] if r["method"] != "ar" and panel(r["draft"]) == key
+                and r.get("per_depth", {}).get("depth")]
         for name, items in _study_families(runs).items():
             color, marker = styles[name]
             run = _representative(items)
             depths = run["per_depth"]
             ax.plot(depths["depth"], _nan_for_none(depths["accept_prob"]), color=color, marker=marker, ms=4, lw=1,
                     label=f"{name}, {point_label(run)}" if len(items) > 1 else name)
-        ax.set_title(draft, fontsize=style.subtitle)
+        ax.set_title(panel_title(key), fontsize=style.subtitle)
         ax.set_xlabel("draft position (depth)")
         ax.set_ylim(0, 1.02)
         _integer_ticks(ax.xaxis)

@@ -423,7 +423,7 @@ def _star(bundle: Bundle, result: Comparison | None, metric: str, study: bool) -
     run = measured_run(bundle, request)
     if run is None:
         return None, off_grid(bundle, request) + ": no star."
-    value = run.get("vs_eagle", {}).get(metric, {}).get("value") if study else run.get(metric)
+    value = (plots.study_difference(run, metric) or {}).get("value") if study else run.get(metric)
     if value is None:
         measure = plots.METRIC_LABELS.get(metric, metric).split(" (")[0]
         return None, f"the benchmark did not record {measure} for the current setting: no star."
