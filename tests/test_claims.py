@@ -160,6 +160,8 @@ def test_the_shipped_summary_and_the_results_page_tables_are_the_shipped_study_s
     page = (ROOT / "docs" / "results.md").read_text()
     rows = [line for line in key_tables(result) if line.startswith("|")]
     assert len(rows) > 30 and [row for row in rows if row not in page] == []
+    drafter_free = [line for line in against_ar(result) if line.startswith("|")]
+    assert len(drafter_free) == 2 + 24 and [row for row in drafter_free if row not in page] == []
 
 
 # The README's headline rows: the shipped study's run on chain:5, and the paper's LlamaGen-XL row (method spec
@@ -196,6 +198,45 @@ def test_the_readme_headline_table_is_the_shipped_study_s_next_to_the_paper_s():
     assert paper_page == {"Eagle-1": ["2.42", "2.03x", "20.97"], "LANTERN++": ["2.67", "2.15x", "21.17"],
                           "COOL-SD `delta`=1.1": ["2.73", "2.27x", "21.02"],
                           "COOL-SD `delta`=2": ["3.34", "2.72x", "21.20"]}
+
+
+# The README's drafter-free rows: the shipped study's runs minus AR (Eagle-1 on chain:5: AR minus it, mirrored), and
+# each paper's own headline against its own AR (method spec section 11)
+JACOBI_HEADLINE = {
+    "Eagle-1, `chain:5`": ("eagle @ chain:5", "2.37x"),
+    "SJD as published (`jacobi:16:point`)": ("eagle @ jacobi:16:point", "about 2.0x"),
+    "SCD as published (`jacobi:16:coupled:point`)": ("eagle @ jacobi:16:coupled:point",
+                                                     "4.2x (`L`=32; SJD 2.3x beside it)"),
+    "Gumbel coupling (`jacobi:16:gumbel`)": ("eagle @ jacobi:16:gumbel", ""),
+    "GSD as published (`jacobi:16:point`)": ("gsd @ jacobi:16:point", "3.6-3.7x"),
+    "COOL-SD `delta`=2, `chain:5`": ("cool:delta=2,nu=0.7,schedule=exp @ chain:5", "2.69x (`delta`=1.1)"),
+    "COOL-SD `delta`=2, `jacobi:16:coupled`": ("cool:delta=2 @ jacobi:16:coupled", "not measured before"),
+}
+
+
+def test_the_readme_drafter_free_table_is_the_shipped_study_s_next_to_the_papers():
+    result = json.loads((DEFAULT_MODEL / "bench_results.json").read_text())
+    runs = {run["label"]: run for run in result["runs"]}
+    rows = markdown_table((ROOT / "README.md").read_text(), "| method | `tau` | speed-up | log-likelihood / token minus AR")
+    assert [row[0] for row in rows] == list(JACOBI_HEADLINE)
+    for name, *cells in rows:
+        label, paper = JACOBI_HEADLINE[name]
+        run = runs[label]
+        if "vs_ar" in run:
+            minus_ar = run["vs_ar"]["log_likelihood_per_token"]
+        else:  # a drafter run: AR minus it, turned round
+            ar = runs["ar"]["vs_eagle"]["log_likelihood_per_token"]
+            minus_ar = {"value": -ar["value"], "low": -ar["high"], "high": -ar["low"]}
+        assert cells == [f"{run['tau']:.3f}", f"{run['speedup_vs_ar']:.2f}x", interval_cell(minus_ar, 3), paper], name
+
+
+def test_the_readme_and_the_results_page_state_each_claims_verdict_as_the_study_gives_it():
+    result = json.loads((DEFAULT_MODEL / "bench_results.json").read_text())
+    expected = [[claim.name, claim.source, f"**{said}**"] for claim, _, said in claim_rows(result)]
+    assert len(expected) == len(CLAIMS)  # the shipped study has the runs of every claim
+    assert markdown_table((ROOT / "README.md").read_text(), "| claim | from | verdict |") == expected
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert [line for line in claims_table(result) if line.startswith("| ") and line not in page] == []
 
 
 def jacobi_run(method, draft, tau, distance):

@@ -227,7 +227,9 @@ def key_table(result: dict, draft: str) -> list[str]:
 
 
 def key_tables(result: dict) -> list[str]:
-    tables = [line for draft in result.get("drafts", []) for line in key_table(result, draft)]
+    """:func:`key_table` per draft model's draft (a Jacobi window's runs are in :func:`against_ar`'s table)."""
+    tables = [line for draft in result.get("drafts", []) if not draft.startswith("jacobi")
+              for line in key_table(result, draft)]
     return ["Key configurations (value [95% interval]; bold: the interval excludes 0):", ""] + tables if tables else []
 
 

@@ -205,10 +205,11 @@ def family_name(run: dict) -> str:
 
 
 def point_label(run: dict) -> str:
-    """What varies along a series at this point (``δ=2``, ``k=10, λ=5``); the method for a lone point."""
+    """What varies along a series at this point (``δ=2``, ``k=10, λ=5``); the series' name for a lone point
+    (``Eagle-1``, or ``SCD`` for Eagle-1 on a coupled Jacobi window)."""
     method, params = run["method"], run["params"]
     varied = [_parameter(method, key, params[key]) for key in swept(method) if key in params]
-    return ", ".join(varied) if varied else method_name(run["method"], run["params"]).split(" (")[0]
+    return ", ".join(varied) if varied else family_name(run).split(" (")[0]
 
 
 # Per-generation figures -----------------------------------------------------------------------------------
@@ -794,6 +795,8 @@ def tradeoff(runs: list[dict], current: tuple[float, float] | None, x_key: str =
 # the point of each family whose acceptance curve the per-position figure shows
 REPRESENTATIVE = {"cool": {"delta": 2}, "uniform": {"delta": 2}, "lantern": {"k": 10, "lambda": 5}}
 MARKERS = "osD^vP*Xh"
+# tab20's dark colours, then its light ones: a study's 20-odd series (drafter and drafter-free) each get their own
+SERIES_COLORS = [colormaps["tab20"](i) for i in (*range(0, 20, 2), *range(1, 20, 2))]
 
 
 def noise_floor(result: dict, metric: str) -> dict | None:
@@ -863,8 +866,7 @@ def _study_axes(result: dict, height: float, style: Layout
     drafts = result.get("drafts") or sorted({r["draft"] for r in result["runs"] if r["method"] != "ar"})
     keys = list(dict.fromkeys(panel(draft) for draft in drafts))
     fig, axes = _panels(style, len(keys), height, 4.2)
-    colors = colormaps["tab10"]
-    styles = {name: (colors(i % 10), MARKERS[i % len(MARKERS)])
+    styles = {name: (SERIES_COLORS[i % len(SERIES_COLORS)], MARKERS[i % len(MARKERS)])
               for i, name in enumerate(_study_families(result["runs"]))}
     return fig, list(zip(axes, keys)), styles
 

@@ -133,9 +133,10 @@ or thousand samples is biased upwards; compare it only with the real-image row m
 apt-get install -y dataset-fashion-mnist
 {recipe}
 python -m coolsd.card --samples-per-class 100 --eagle-images 200
-python -m torch.distributed.run --standalone --nproc_per_node 2 -m coolsd.bench --preset paper --images 1000 \\
-  --latency-images 200 --work runs/paper --threads 1 --out assets/fashion/bench_results.json \\
-  --csv assets/fashion/bench_results.csv --plots assets/fashion/study --summary assets/fashion/study_summary.md
+python -m torch.distributed.run --standalone --nproc_per_node 2 -m coolsd.bench --preset paper --preset jacobi \\
+  --images 1000 --latency-images 200 --batch 16 --shared-timing --work runs/study --threads 1 \\
+  --out assets/fashion/bench_results.json --csv assets/fashion/bench_results.csv --plots assets/fashion/study \\
+  --summary assets/fashion/study_summary.md
 ```
 """
 
