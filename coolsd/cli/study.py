@@ -45,7 +45,8 @@ class Study:
     """What a benchmark measures: every configuration on images 0..images-1 (image i: condition i mod C, seed
     ``seed + i``); images 0..latency_images-1 are also timed, ``repeats`` times each, after ``warmup`` untimed
     calls per configuration. ``skipped``: what a preset offered but the rule refuses here, with the reason.
-    ``batch``: images decoded together in the untimed pass (the same tokens as one at a time, spec section 9);
+    ``batch``: images decoded together in the untimed pass (the same tokens as one at a time up to
+    rounding, spec section 9);
     ``latency_batches``: the batch sizes the timed images are decoded in, each timed separately."""
 
     configurations: tuple[Configuration, ...]
