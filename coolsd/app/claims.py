@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.rules import rule_spec
+
 QUALITY = ("log_likelihood_per_token", "fid", "judge_accuracy")
 # A relaxed method can move the target's log-likelihood of its tokens either way from Eagle-1's (down: less
 # likely tokens; up: mode seeking); both depart from the target, so comparisons rank the distance, not the sign.
@@ -73,7 +75,8 @@ def cool_relaxation(result: dict) -> list[str]:
     lines = ["COOL-SD against Eagle-1, smallest delta whose quality difference is resolved:", ""]
     families: dict[tuple, list[dict]] = {}
     for run in cool:
-        key = (run["draft"], run["params"].get("nu"), run["params"].get("schedule"))
+        params = {**rule_spec("cool").defaults(), **run["params"]}  # a Jacobi window's runs name delta only
+        key = (run["draft"], params["nu"], params["schedule"])
         families.setdefault(key, []).append(run)
     for (draft, nu, schedule), runs in sorted(families.items(), key=lambda item: str(item[0])):
         first = next((run for run in sorted(runs, key=lambda r: r["params"]["delta"])
@@ -329,7 +332,8 @@ def dominance_claim(result: dict, claim: Claim) -> tuple[str, str] | None:
                 favoured = of_b >= DOMINATES * len(second) and of_a <= (1 - DOMINATES) * len(first)
                 against = of_a >= DOMINATES * len(first) and of_b <= (1 - DOMINATES) * len(second)
                 verdicts.append("holds" if favoured else "reverses" if against else "mixed")
-                cells.append(f"{where}, {NAMES[COMPARED.get(m, m)]}: {of_b} of {len(second)} {FAMILY_NAMES[b]} "
+                name = NAMES[COMPARED.get(m, m)].replace("Eagle-1", "AR" if reference == "vs_ar" else "Eagle-1")
+                cells.append(f"{where}, {name}: {of_b} of {len(second)} {FAMILY_NAMES[b]} "
                              f"points beaten, {of_a} of {len(first)} {FAMILY_NAMES[a]} ({verdicts[-1]})")
     if not cells:
         return None

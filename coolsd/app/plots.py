@@ -876,7 +876,9 @@ def _study_legend(fig: Figure, axes: list[tuple[Axes, str]], style: Layout, extr
     for ax, _ in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    _legend_below(fig, list(handles.values()) + list(extra), ncol=style.columns, size=style.legend)
+    longest = max((len(label) for label in handles), default=0)  # long names (Jacobi series) take two columns
+    _legend_below(fig, list(handles.values()) + list(extra), ncol=style.columns if longest <= 30 else
+                  min(style.columns, 2), size=style.legend)
 
 
 def _band(floor: dict | None, mirrored: bool) -> Patch | None:

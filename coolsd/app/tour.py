@@ -134,7 +134,8 @@ def verdict_facts(study: dict) -> dict[str, str]:
 
 def noise_words(ar: dict) -> str:
     """What AR minus Eagle-1 says: every interval contains 0, as two exact samplers' must, or a fault."""
-    if any(d["low"] > 0 or d["high"] < 0 for d in ar.get("vs_eagle", {}).values() if "low" in d):
+    quality = [ar.get("vs_eagle", {}).get(m) for m in ("log_likelihood_per_token", "fid", "judge_accuracy")]
+    if any(d["low"] > 0 or d["high"] < 0 for d in quality if d):
         return "an interval excludes 0, which two exact samplers should not show: a fault to look into"
     return "every 95% interval contains 0, as it must for two exact samplers"
 
