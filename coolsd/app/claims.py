@@ -85,10 +85,9 @@ def cool_relaxation(result: dict) -> list[str]:
                           if resolved(first["vs_eagle"][m])) if first else ""
         lines.append(f"* {draft}, nu={nu}, {schedule}: " + (f"delta={first['params']['delta']} ({where})" if first
                                                              else "none up to the largest delta"))
-    same = [run for run in cool if not any(resolved(run["vs_eagle"][m]) for m in quality)]
+    best = indistinguishable_cool(result)
     lines.append("")
-    if same:
-        best = max(same, key=lambda run: run["tau"])
+    if best is not None:
         lines.append("Best COOL-SD setting indistinguishable from Eagle-1 on every quality measure: "
                      f"{best['label']} on "
                      f"{best['draft']}, tau {best['tau']:.3f} (minus Eagle-1's: {shown(best['vs_eagle']['tau'])}), "
@@ -96,6 +95,13 @@ def cool_relaxation(result: dict) -> list[str]:
     else:
         lines.append("No COOL-SD setting is indistinguishable from Eagle-1 on every quality measure.")
     return lines
+
+
+def indistinguishable_cool(result: dict) -> dict | None:
+    """The COOL-SD run of highest tau whose every recorded quality difference from Eagle-1 is unresolved."""
+    same = [run for run in result["runs"] if run["method"] == "cool" and "vs_eagle" in run
+            and not any(resolved(run["vs_eagle"][m]) for m in measures(result) if m in run["vs_eagle"])]
+    return max(same, key=lambda run: run["tau"]) if same else None
 
 
 def comparisons(result: dict) -> list[str]:
@@ -145,10 +151,8 @@ def dominance(result: dict, measure: str = "log_likelihood_per_token") -> list[s
         value = {r["label"]: score(r["vs_eagle"][measure]["value"], measure) for r in runs}
         for a, b in DOMINANCE_PAIRS:
             winners, others = ([r for r in runs if r["method"] == family] for family in (a, b))
-            beaten = [r for r in others
-                      if any(w["tau"] >= r["tau"] and value[w["label"]] >= value[r["label"]] for w in winners)]
             if winners and others:
-                lines.append(f"* {draft}: {len(beaten)} of {len(others)} {FAMILY_NAMES[b]} points are matched or "
+                lines.append(f"* {draft}: {beaten(winners, others, value)} of {len(others)} {FAMILY_NAMES[b]} points are matched or "
                              f"beaten on both tau and {name} by a {FAMILY_NAMES[a]} point")
     return [f"Dominance on tau and {name} (point estimates):", ""] + lines if lines else []
 
@@ -182,9 +186,7 @@ def gsd_against_cool(result: dict) -> list[str]:
         if not gsd or not cool:
             continue
         for winners, others, a, b in ((cool, gsd, "COOL-SD", "GSD"), (gsd, cool, "GSD", "COOL-SD")):
-            beaten = [r for r in others if any(w["tau"] >= r["tau"] and distance[w["label"]] >= distance[r["label"]]
-                                               for w in winners)]
-            lines.append(f"* jacobi:{length}: {len(beaten)} of {len(others)} {b} points are matched or beaten on "
+            lines.append(f"* jacobi:{length}: {beaten(winners, others, distance)} of {len(others)} {b} points are matched or beaten on "
                          f"both tau and the log-likelihood's distance from AR by a {a} point")
     return ["GSD against COOL-SD at equal tau (point estimates):", ""] + lines if lines else []
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models.bundle import DEFAULT_MODEL, file_digest
-from .claims import claim_rows
+from .claims import QUALITY, claim_rows, indistinguishable_cool, resolved, shown
 from .views import plain, shape_words
 
 STUDY = DEFAULT_MODEL / "bench_results.json"
@@ -89,9 +89,7 @@ VERDICT_WORDS = {"holds": "holds", "reverses": "reverses", "mixed": "is mixed (i
 
 def interval(difference: dict, digits: int) -> str:
     """A paired difference and its 95% interval, and whether the interval excludes 0 (resolved)."""
-    resolved = difference["low"] > 0 or difference["high"] < 0
-    return (f"{difference['value']:+.{digits}f} [{difference['low']:+.{digits}f}, {difference['high']:+.{digits}f}]"
-            + (" (resolved)" if resolved else " (not resolved)"))
+    return shown(difference, digits) + (" (resolved)" if resolved(difference) else " (not resolved)")
 
 
 def resolved_count(differences: list[dict], measure: str, above: bool) -> int:
@@ -134,21 +132,17 @@ def verdict_facts(study: dict) -> dict[str, str]:
 
 def noise_words(ar: dict) -> str:
     """What AR minus Eagle-1 says: every interval contains 0, as two exact samplers' must, or a fault."""
-    quality = [ar.get("vs_eagle", {}).get(m) for m in ("log_likelihood_per_token", "fid", "judge_accuracy")]
-    if any(d["low"] > 0 or d["high"] < 0 for d in quality if d):
+    quality = [ar.get("vs_eagle", {}).get(m) for m in QUALITY]
+    if any(resolved(d) for d in quality if d):
         return "an interval excludes 0, which two exact samplers should not show: a fault to look into"
     return "every 95% interval contains 0, as it must for two exact samplers"
 
 
 def cool_words(study: dict) -> str:
     """The strongest COOL-SD setting the study cannot tell from Eagle-1 on any quality measure, or that none is."""
-    quality = ("log_likelihood_per_token", "fid", "judge_accuracy")
-    same = [r for r in study["runs"] if r["method"] == "cool" and "vs_eagle" in r
-            and not any(r["vs_eagle"][m]["low"] > 0 or r["vs_eagle"][m]["high"] < 0 for m in quality
-                        if m in r["vs_eagle"])]
-    if not same:
+    best = indistinguishable_cool(study)
+    if best is None:
         return "No COOL-SD setting of the study is indistinguishable from Eagle-1 on every quality measure."
-    best = max(same, key=lambda r: r["tau"])
     return (f"The strongest COOL-SD setting the study cannot tell from Eagle-1 on any quality measure is "
             f"{best['label'].replace(' @ ', ' on ')} (tau {best['tau']:.2f}, {best['speedup_vs_ar']:.2f}x AR's speed).")
 
