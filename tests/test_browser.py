@@ -731,8 +731,9 @@ def test_browser_draws_the_images_as_they_decode_then_races_the_runs(server, bro
     table = {row[0].split(" (")[0]: float(row[1].split()[0]) for row in page.evaluate(
         "() => [...document.querySelector('#timings table').querySelectorAll('tr')].slice(1)"
         ".map(r => [...r.querySelectorAll('td')].map(c => c.innerText.trim()))")}
-    assert {name: round(ms) for name, ms in finished.items()} == {"AR": round(table["AR"]), "Eagle-1":
-                                                                 round(table["Eagle-1"]), "COOL-SD": round(table["COOL-SD"])}
+    # each lane ends at its run's median latency; both are shown to 0.1 ms, and rounding a value near x.5 to whole
+    # ms once put them 1 ms apart (852 against 853), so they are compared to within half a millisecond
+    assert finished == {name: pytest.approx(table[name], abs=0.5) for name in ("AR", "Eagle-1", "COOL-SD")}
     expect(page.locator("#race-text")).to_contain_text(f"{min(finished, key=finished.get)} finished first")
     screenshot(page, tmp_path / "race.png")
 
