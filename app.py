@@ -783,7 +783,7 @@ def tradeoff_outputs(bundle, result, metric, families, narrow) -> tuple:
 def tour_panel() -> dict:
     """The guided tour: a button per step (:data:`coolsd.app.tour.STEPS`) and the chosen step's text."""
     with gr.Accordion("Guided tour", open=False, elem_id="tour"):
-        gr.Markdown("Five steps through what the methods do, each with what our study of the shipped model "
+        gr.Markdown(f"{len(tour.STEPS)} steps through what the methods do, each with what our study of the shipped model "
                     "measured. A step sets the controls and generates; then look where its text says.")
         with gr.Row():
             buttons = [gr.Button(step.title, size="sm") for step in tour.STEPS]
