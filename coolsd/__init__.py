@@ -2,8 +2,9 @@
 
 Packages: ``core`` (the decoding engine, acceptance rules and their registry, draft trees, theory; imports only
 torch and numpy), ``models`` (targets, drafters, image decoders and their loaders), ``toy`` (the shipped
-Fashion-MNIST model's data, tokenizer, judge and training), ``app`` (the explorer's logic) and ``cli``
-(``python -m coolsd.generate``, ``coolsd.bench``, ``coolsd.train``). The names below are the library's API::
+Fashion-MNIST model's data, tokenizer, judge and training), ``app`` (the explorer's logic; ``app.web``, the
+Gradio app over it) and ``cli`` (``python -m coolsd.generate``, ``coolsd.bench``, ``coolsd.train``).
+The names below are the library's API::
 
     bundle = coolsd.load_bundle()                       # the shipped model
     tree = coolsd.parse_draft("tree:eagle25")

@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.argv[1:], ARGS = [], sys.argv[1:]  # app.py reads none of ours
 
 import torch
 
-import app
 from coolsd.app import session
+from coolsd.app.web import generation, inputs, runtime
 from coolsd.models.bundle import Bundle, Drafter, Transformer
 from coolsd.models.config import ModelConfig
 
@@ -28,13 +27,13 @@ def slow_model() -> Bundle:
     torch.manual_seed(0)
     codes = torch.nn.functional.normalize(torch.randn(config.vocab_size, 8), dim=-1)
     return Bundle(Transformer(config).eval(), Drafter(config).eval(), codes, name="slow",
-                  class_names=app.BUNDLE.class_names)
+                  class_names=runtime.current().bundle.class_names)
 
 
 def one_call(model: str, seed: int) -> tuple[int, float, float, float | None]:
-    values = {**app.defaults(), "model": model, "seed": seed}
+    values = {**inputs.defaults(), "model": model, "seed": seed}
     started, stamps = time.perf_counter(), []
-    for _ in app.on_generate(*[values[name] for name in session.value_names()], progress=lambda *a, **k: None):
+    for _ in generation.on_generate(*[values[name] for name in session.value_names()], progress=lambda *a, **k: None):
         stamps.append(time.perf_counter())
     pictures, seconds = len(stamps) - 1, stamps[-1] - started
     gaps = [b - a for a, b in itertools.pairwise(stamps[:-1])]
@@ -44,8 +43,9 @@ def one_call(model: str, seed: int) -> tuple[int, float, float, float | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5, help="fresh seeds (1..N) per model")
-    args = parser.parse_args(ARGS)
-    app.MODELS.loaded["slow"] = slow_model()
+    args = parser.parse_args()
+    state = runtime.start()  # the app's state, as app.py makes it
+    state.models.loaded["slow"] = slow_model()
     print(f"torch threads: {torch.get_num_threads()}; per call: (pictures, seconds, pictures per second, "
           "shortest gap in seconds)")
     for model in ("default", "slow"):

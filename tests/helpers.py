@@ -137,16 +137,16 @@ def chi_square_pvalue(samples: list[tuple], law: dict[tuple, float], min_expecte
 
 def count_generations(monkeypatch) -> list[str]:
     """The method name of every image the benchmark generates from now on, in order."""
-    from coolsd.cli import bench
+    from coolsd.cli import passes
 
     calls = []
-    real_generate = bench.generate_batch
+    real_generate = passes.generate_batch
 
     def counted(*args, **kwargs):
         calls.extend([args[2].name] * len(args[1]))  # one per image of the call
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "generate_batch", counted)
+    monkeypatch.setattr(passes, "generate_batch", counted)
     return calls
 
 

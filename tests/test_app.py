@@ -16,14 +16,18 @@ from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from PIL import Image
 
-import app
-from coolsd.app import frames, plots, session, tour, views
+from coolsd.app import frames, models, plots, session, tour, views
+from coolsd.app.controls import method_boxes
+from coolsd.app.web import api, generation, inputs, layout, panels, runtime, settings
 from coolsd.core.params import PARAMS
 from coolsd.core.rules import param as method_param
-from coolsd.core.rules import resolve_mu
+from coolsd.core.rules import resolve_mu, schema
 from coolsd.core.trees import parse_draft
-from coolsd.models.bundle import Bundle, Drafter, Transformer
+from coolsd.models.bundle import Bundle, Drafter, Transformer, random_bundle
 from coolsd.models.config import ModelConfig
+
+STATE = runtime.start()  # the app's state, as app.py makes it
+DEMO = layout.build_demo(STATE)
 
 
 def no_progress(*args, **kwargs):
@@ -41,7 +45,7 @@ def last(outputs):
 
 def named_controls(**overrides):
     """The app's default control values by value name, with ``overrides``."""
-    values = app.defaults()
+    values = inputs.defaults()
     values.update({ALIASES.get(key, key): value for key, value in overrides.items()})
     return values
 
@@ -54,15 +58,15 @@ def controls(**overrides):
 
 @pytest.fixture(scope="module")
 def generated():
-    return last(app.on_generate(*controls(), progress=no_progress))
+    return last(generation.on_generate(*controls(), progress=no_progress))
 
 
 def test_generate_fills_every_output(generated):
     image, eagle_image, table, caption, slider, result = generated
     per_position, lengths, map_method, map_eagle, replay, theory_fig, theory_md, tradeoff_fig, tradeoff_note = \
-        app.on_figures(result, "fid")
-    grid = app.BUNDLE.config
-    size = app.BUNDLE.image(result.method.tokens).shape
+        generation.on_figures(result, "fid")
+    grid = STATE.bundle.config
+    size = STATE.bundle.image(result.method.tokens).shape
     assert isinstance(image["value"], Image.Image) and image["value"].size == (size[1] * 10, size[0] * 10)
     assert image["label"] == "COOL-SD (chain:5)"
     assert isinstance(eagle_image["value"], Image.Image) and eagle_image["label"] == "Eagle-1 (lossless, chain:5)"
@@ -79,7 +83,7 @@ def test_generate_fills_every_output(generated):
 
 def test_timing_is_measured_in_the_request_with_its_spread(generated):
     result = generated[5]
-    table, timed = app.on_timing(result)
+    table, timed = generation.on_timing(result)
     timing = timed.timing
     assert timing.repeats == session.TIMING_REPEATS and set(timing.seconds) == {"ar", "eagle", "method"}
     assert all(len(values) == timing.repeats for values in timing.seconds.values())
@@ -95,7 +99,7 @@ def test_the_timing_run_reports_its_progress_and_keeps_each_runs_median_repeat(g
     """A progress step before each of the 3 x 5 timed runs, in order; each run's kept generation is its repeat
     of median latency (5 repeats: the median itself), with the images' tokens."""
     said = []
-    _, timed = app.on_timing(generated[5], None, lambda fraction, desc: said.append((fraction, desc)))
+    _, timed = generation.on_timing(generated[5], None, lambda fraction, desc: said.append((fraction, desc)))
     timing, runs = timed.timing, 3 * session.TIMING_REPEATS
     assert [fraction for fraction, _ in said] == pytest.approx([k / runs for k in range(runs)])
     assert said[-1][1] == f"Timing AR, Eagle-1 and COOL-SD: repeat {session.TIMING_REPEATS} of {session.TIMING_REPEATS}"
@@ -108,9 +112,9 @@ def test_the_timing_run_reports_its_progress_and_keeps_each_runs_median_repeat(g
 def test_the_race_plays_every_lane_to_its_measured_finish(generated, monkeypatch):
     """The race after a timing (its pauses skipped): AR, Eagle-1 and COOL-SD, each lane finishing at its median
     latency in the table, first to last in that order; the last frame names the fastest."""
-    _, timed = app.on_timing(generated[5])
-    monkeypatch.setattr(app.time, "sleep", lambda seconds: None)
-    shown = list(app.on_race(timed))
+    _, timed = generation.on_timing(generated[5])
+    monkeypatch.setattr(generation.time, "sleep", lambda seconds: None)
+    shown = list(generation.on_race(timed))
     assert len(shown) >= frames.RACE_SECONDS * frames.FRAMES_PER_SECOND
     finished_at = {}
     for index, (picture, text) in enumerate(shown):
@@ -125,7 +129,7 @@ def test_the_race_plays_every_lane_to_its_measured_finish(generated, monkeypatch
         assert f"| {name} | 64 / 64 |" in shown[-1][1] and f"finished at {seconds * 1000:.1f} ms" in shown[-1][1]
     fastest = min(medians, key=medians.get)
     assert shown[-1][1].startswith(f"**{fastest} finished first**")
-    assert list(app.on_race(generated[5])) == [(gr.skip(), app.RACE_WAITING)]  # not timed yet: nothing to race
+    assert list(generation.on_race(generated[5])) == [(gr.skip(), generation.RACE_WAITING)]  # not timed yet: nothing to race
 
 
 @pytest.fixture(scope="module")
@@ -135,17 +139,17 @@ def slow_model():
     config = ModelConfig(vocab_size=256, dim=192, n_layer=8, n_head=4, num_classes=10, grid_height=24, grid_width=24)
     torch.manual_seed(0)
     codes = torch.nn.functional.normalize(torch.randn(config.vocab_size, 8), dim=-1)
-    app.MODELS.loaded["slow"] = Bundle(Transformer(config).eval(), Drafter(config).eval(), codes, name="slow",
-                                       class_names=app.BUNDLE.class_names)
+    STATE.models.loaded["slow"] = Bundle(Transformer(config).eval(), Drafter(config).eval(), codes, name="slow",
+                                       class_names=STATE.bundle.class_names)
     yield "slow"
-    del app.MODELS.loaded["slow"]
+    del STATE.models.loaded["slow"]
 
 
 def test_generate_streams_pictures_of_the_runs_at_most_ten_times_a_second(slow_model):
     """On a slow model Generate shows the runs in progress: two or more different pictures of the chosen
     method with a caption saying how far each run has got, at least 0.1 s apart, then the final images."""
     stamps, outputs, said = [], [], []
-    for output in app.on_generate(*controls(model=slow_model), progress=lambda *a, **k: said.append((a, k))):
+    for output in generation.on_generate(*controls(model=slow_model), progress=lambda *a, **k: said.append((a, k))):
         stamps.append(time.perf_counter())
         outputs.append(output)
     *live, final = outputs
@@ -178,13 +182,13 @@ def test_timing_runs_interleave_in_rotating_order(monkeypatch):
         return session.Generation([], type("Stats", (), {"seconds": {"total": 0.1}})())
 
     monkeypatch.setattr(session, "generate", fake_generate)
-    request = session.parse_controls(app.BUNDLE, controls(seed=9))
-    timing = session.measure_speed(app.BUNDLE, request, repeats=3)
+    request = session.parse_controls(STATE.bundle, controls(seed=9))
+    timing = session.measure_speed(STATE.bundle, request, repeats=3)
     assert [c[0] for c in calls] == ["ar", "eagle", "cool", "eagle", "cool", "ar", "cool", "ar", "eagle"]
     assert {c[1:] for c in calls} == {(request.class_id, 9, "chain:5")}
     assert timing.repeats == 3
     calls.clear()
-    session.measure_speed(app.BUNDLE, session.parse_controls(app.BUNDLE, controls(method="Eagle-1 (lossless)")), 2)
+    session.measure_speed(STATE.bundle, session.parse_controls(STATE.bundle, controls(method="Eagle-1 (lossless)")), 2)
     assert [c[0] for c in calls] == ["ar", "eagle", "eagle", "ar"]  # the method is Eagle-1: not timed twice
 
 
@@ -207,14 +211,14 @@ def test_a_typed_number_out_of_range_runs_at_the_value_its_box_is_set_back_to(ov
     warning): the generation runs at the nearest end of the range, or at the start value for what is no number,
     as the box shows (test_a_typed_value_out_of_range_is_one_named_warning_and_the_box_shows_what_runs); the API
     refuses the same value in one line."""
-    request = last(app.on_generate(*controls(**overrides), progress=no_progress))[5].request
+    request = last(generation.on_generate(*controls(**overrides), progress=no_progress))[5].request
     ran = {"seed": request.seed, "top_k": request.sampling.top_k, "temperature": request.sampling.temperature,
            **request.param_dict}
     assert ran[name] == pytest.approx(runs)
-    api = {"LANTERN++": "LANTERN++"}.get(overrides.get("method"), "COOL-SD")
+    api_method = {"LANTERN++": "LANTERN++"}.get(overrides.get("method"), "COOL-SD")
     given = {key: value for key, value in overrides.items() if key not in ("method", "mu_auto")}
     with pytest.raises(gr.Error) as error:
-        app.api_generate(method=api, **given)
+        api.generate(method=api_method, **given)
     assert ALIASES.get(next(iter(given)), next(iter(given))) in error.value.message
 
 
@@ -226,18 +230,18 @@ def test_a_typed_number_out_of_range_runs_at_the_value_its_box_is_set_back_to(ov
 ])
 def test_bad_input_is_a_readable_error(overrides, needle):
     with pytest.raises(gr.Error) as error:
-        last(app.on_generate(*controls(**overrides), progress=no_progress))
+        last(generation.on_generate(*controls(**overrides), progress=no_progress))
     assert needle in str(error.value.message)
     assert "Traceback" not in str(error.value.message)
 
 
 def test_every_method_runs(generated):
     for method in session.method_entries():
-        outputs = last(app.on_generate(*controls(method=method, draft="tree:eagle25"), progress=no_progress))
+        outputs = last(generation.on_generate(*controls(method=method, draft="tree:eagle25"), progress=no_progress))
         result = outputs[5]
-        assert result.method.stats.tokens == app.BUNDLE.config.image_tokens
-        assert (result.method.stats.target_forwards == app.BUNDLE.config.image_tokens) == (method.startswith("AR"))
-        figures = app.on_figures(result, "fid")
+        assert result.method.stats.tokens == STATE.bundle.config.image_tokens
+        assert (result.method.stats.target_forwards == STATE.bundle.config.image_tokens) == (method.startswith("AR"))
+        figures = generation.on_figures(result, "fid")
         assert isinstance(figures[0], Figure)
         assert ("AR drafts nothing" in figures[6]) == method.startswith("AR")
 
@@ -245,8 +249,8 @@ def test_every_method_runs(generated):
 def test_theory_follows_the_sliders(generated):
     result = generated[5]
     source_args = ("last generation", 0)
-    low = app.on_theory(result, *controls(delta=1.0, nu=0.0, mu_auto=False, mu=0.0), *source_args, False)
-    high = app.on_theory(result, *controls(delta=4.0), *source_args, False)
+    low = panels.on_theory(result, *controls(delta=1.0, nu=0.0, mu_auto=False, mu=0.0), *source_args, False)
+    high = panels.on_theory(result, *controls(delta=4.0), *source_args, False)
     assert isinstance(low[0], Figure)
 
     def expected(md):
@@ -254,15 +258,15 @@ def test_theory_follows_the_sliders(generated):
 
     assert expected(high[1]) > expected(low[1])
     assert "TV bound per round = **0.0000**" in low[1]  # delta=1, nu=0, mu=0 is lossless
-    toy = app.on_theory(None, *controls(), "toy distributions", 3, False)
+    toy = panels.on_theory(None, *controls(), "toy distributions", 3, False)
     assert "toy" in toy[1]
-    skipped = app.on_theory(result, *controls(method="AR (no drafting)"), *source_args, False)
+    skipped = panels.on_theory(result, *controls(method="AR (no drafting)"), *source_args, False)
     assert "AR drafts nothing" in skipped[1]
 
 
 def test_controls_shown_per_method():
     def visible(method):
-        return [u["visible"] for u in app.on_method(method)]  # delta, COOL-SD box, LANTERN++ box, GSD box, draft
+        return [u["visible"] for u in settings.on_method(method)]  # delta, COOL-SD box, LANTERN++ box, GSD box, draft
 
     assert visible("COOL-SD") == [True, True, False, False, True]
     assert visible("UniformRSD") == [True, False, False, False, True]
@@ -282,16 +286,16 @@ def test_controls_come_from_the_registry():
     assert all(controls_by_name[name].labels == {"GSD", "GSD with G*"} for name in ("ranks", "gap", "dist"))
     assert session.value_names()[:6] == ["method", "delta", "nu", "mu_auto", "mu", "schedule"]
     assert session.method_entries()["LANTERN++"] == ("lantern", {"residual": "lantern"})
-    ui = app.demo.named
+    ui = DEMO.named
     assert ui["method"].choices == [(label, label) for label in session.method_entries()]
     assert isinstance(ui["schedule"], gr.Radio) and ui["schedule"].choices == [("exp", "exp"), ("linear", "linear")]
     assert isinstance(ui["mu_auto"], gr.Checkbox) and ui["mu_auto"].value is True and ui["mu"].visible is False
     assert "residual" not in ui
-    start = app.defaults()
+    start = inputs.defaults()
     assert all(ui[name].value == start[name] for name in session.value_names()), "a control starts off its default"
     for label in session.method_entries():
-        shown = [update["visible"] for update in app.on_method(label)]
-        for (_, items), visible in zip(app.method_boxes(), shown):
+        shown = [update["visible"] for update in settings.on_method(label)]
+        for (_, items), visible in zip(method_boxes(), shown):
             for name in items:
                 if name in controls_by_name:
                     assert visible == (label in controls_by_name[name].labels), (label, name)
@@ -300,18 +304,18 @@ def test_controls_come_from_the_registry():
 def test_parse_request_checks_only_what_the_method_takes():
     """Values meant for other methods are ignored, an entry's fixed values fill in, an absent parameter takes
     its default, and each value is checked against its method's schema."""
-    common = ("chain:5", app.BUNDLE.class_names[1], 0, 2.0, 1.0, 0, 1.0)
-    request = session.parse_request(app.BUNDLE, "LANTERN++", {"k": 3, "delta": "junk", "schedule": None}, *common)
+    common = ("chain:5", STATE.bundle.class_names[1], 0, 2.0, 1.0, 0, 1.0)
+    request = session.parse_request(STATE.bundle, "LANTERN++", {"k": 3, "delta": "junk", "schedule": None}, *common)
     assert request.param_dict == {"k": 3, "lambda": 5.0, "residual": "lantern"}
     assert request.rule.params() == {"k": 3, "lambda": 5.0, "residual": "lantern"}
-    request = session.parse_request(app.BUNDLE, "UniformRSD", {"delta": 1.5, "nu": 99}, *common)
+    request = session.parse_request(STATE.bundle, "UniformRSD", {"delta": 1.5, "nu": 99}, *common)
     assert request.param_dict == {"delta": 1.5} and request.rule.delta == 1.5
     with pytest.raises(ValueError, match="delta must be between 0.05 and 5"):
-        session.parse_request(app.BUNDLE, "COOL-SD", {"delta": 10}, *common)
+        session.parse_request(STATE.bundle, "COOL-SD", {"delta": 10}, *common)
     with pytest.raises(ValueError, match="method parameters must be a mapping"):
-        session.parse_request(app.BUNDLE, "COOL-SD", [2.0], *common)
+        session.parse_request(STATE.bundle, "COOL-SD", [2.0], *common)
     with pytest.raises(ValueError, match="expected 20 control values"):
-        session.parse_controls(app.BUNDLE, controls()[:3])
+        session.parse_controls(STATE.bundle, controls()[:3])
 
 
 @pytest.mark.parametrize("schedule", ["exp", "linear"])
@@ -321,9 +325,9 @@ def test_mu_auto_never_pushes_the_slider_out_of_range(schedule):
     param = method_param("mu")
     for draft in session.DRAFTS:
         for nu in np.round(np.arange(method_param("nu").low, method_param("nu").high + 1e-9, 0.05), 2):
-            hidden = app.on_mu_auto(True, nu, draft, schedule)
+            hidden = settings.on_mu_auto(True, nu, draft, schedule)
             assert hidden["visible"] is False and "value" not in hidden
-            shown = app.on_mu_auto(False, nu, draft, schedule)
+            shown = settings.on_mu_auto(False, nu, draft, schedule)
             assert shown["visible"] is True and param.low <= shown["value"] <= param.high
 
 
@@ -336,15 +340,15 @@ def test_every_setting_the_controls_allow_gives_a_result_or_one_readable_message
     named = named_controls(draft=draft, nu=nu, schedule=schedule)
     line = views.omega_line(*[named[name] for name in ("method", "delta", "nu", "mu_auto", "mu", "draft", "schedule")])
     try:
-        outputs = last(app.on_generate(*values, progress=no_progress))
+        outputs = last(generation.on_generate(*values, progress=no_progress))
     except gr.Error as error:
         assert "too steep" in error.message and f"nu={nu:g}" in error.message
         assert views.plain(error.message, 600) in line  # the same reason is shown under the sliders
         assert "Traceback" not in error.message
     else:
-        assert outputs[5].method.stats.tokens == app.BUNDLE.config.image_tokens
+        assert outputs[5].method.stats.tokens == STATE.bundle.config.image_tokens
         assert f"μ = {resolve_mu(nu, 'auto', parse_draft(draft).depth, schedule):.4g} (auto" in line
-    assert last(app.on_generate(*controls(), progress=no_progress))[5] is not None
+    assert last(generation.on_generate(*controls(), progress=no_progress))[5] is not None
 
 
 def test_mu_line_shows_the_auto_value():
@@ -357,35 +361,35 @@ def test_mu_line_shows_the_auto_value():
 def test_replay_every_round(generated):
     result = generated[5]
     for index in range(len(result.method.stats.rounds)):
-        assert isinstance(app.on_replay(result, index), Figure)
-    frames = list(app.on_play(result))
+        assert isinstance(panels.on_replay(result, index), Figure)
+    frames = list(panels.on_play(result))
     assert frames == list(range(len(result.method.stats.rounds)))  # the slider's change event draws each
 
 
 def test_theory_is_cleared_for_ar(generated):
     """Switching to AR must not leave the previous method's plot above "AR drafts nothing"."""
-    figure, text = app.on_theory(generated[5], *controls(method="AR (no drafting)"), "last generation", 0, False)
+    figure, text = panels.on_theory(generated[5], *controls(method="AR (no drafting)"), "last generation", 0, False)
     assert figure is None and "AR drafts nothing" in text
-    figure, text = app.on_theory(generated[5], *controls(schedule="linear"), "last generation", 0, False)
+    figure, text = panels.on_theory(generated[5], *controls(schedule="linear"), "last generation", 0, False)
     assert figure is None and "too steep" in text  # shown in the panel, not as a toast per slider move
 
 
 def test_api_payload_is_deterministic():
-    first = app.api_generate(method="UniformRSD", delta=1.5, seed=4)
-    second = app.api_generate(method="UniformRSD", delta=1.5, seed=4)
+    first = api.generate(method="UniformRSD", delta=1.5, seed=4)
+    second = api.generate(method="UniformRSD", delta=1.5, seed=4)
     assert first["method"]["tokens"] == second["method"]["tokens"]
     assert first["method"]["stats"]["params"] == {"delta": 1.5}
     assert first["eagle"]["stats"]["method"] == "eagle"
     assert len(first["method"]["png_base64"]) > 20
     assert first["timing"] is None
-    timed = app.api_generate(method="UniformRSD", delta=1.5, seed=4, timing_repeats=2)
+    timed = api.generate(method="UniformRSD", delta=1.5, seed=4, timing_repeats=2)
     assert timed["timing"]["repeats"] == 2 and len(timed["timing"]["seconds"]["ar"]) == 2
     with pytest.raises(gr.Error):
-        app.api_generate(method="COOL-SD", delta=-2)
+        api.generate(method="COOL-SD", delta=-2)
 
 
 def test_api_lists_only_generate_and_describes_its_answer():
-    info = app.demo.get_api_info()
+    info = DEMO.get_api_info()
     assert list(info["named_endpoints"]) == ["/generate", "/generate_batch"] and not info.get("unnamed_endpoints")
     returns = info["named_endpoints"]["/generate"]["returns"][0]["type"]
     assert set(returns["properties"]) == {"method", "eagle", "timing"}
@@ -397,11 +401,11 @@ def test_api_lists_only_generate_and_describes_its_answer():
 def test_the_batch_api_gives_each_seed_its_single_request_answer():
     """/generate_batch decodes its seeds as one batch per method: every seed's images, tokens and statistics
     but the timings are /generate's for that seed."""
-    batch = app.api_generate_batch(method="COOL-SD", delta=2.0, seeds=[4, 9, 4])
+    batch = api.generate_batch(method="COOL-SD", delta=2.0, seeds=[4, 9, 4])
     assert batch["batch"] == 3 and [image["seed"] for image in batch["images"]] == [4, 9, 4]
     assert batch["seconds"]["method"] > 0 and batch["seconds"]["eagle"] > 0
     for image in batch["images"]:
-        single = app.api_generate(method="COOL-SD", delta=2.0, seed=image["seed"])
+        single = api.generate(method="COOL-SD", delta=2.0, seed=image["seed"])
         for run in ("method", "eagle"):
             assert image[run]["tokens"] == single[run]["tokens"] and image[run]["pixels"] == single[run]["pixels"]
             assert image[run]["stats"]["tau"] == single[run]["stats"]["tau"]
@@ -418,7 +422,7 @@ def test_the_batch_api_gives_each_seed_its_single_request_answer():
 def test_the_batch_api_refuses_bad_seeds_in_one_line(seeds, needle, caplog):
     with caplog.at_level(logging.INFO, logger="coolsd.app"):
         with pytest.raises(gr.Error, match=needle) as error:
-            app.api_generate_batch(seeds=seeds)
+            api.generate_batch(seeds=seeds)
     assert "\n" not in str(error.value.message)
 
 
@@ -433,7 +437,7 @@ def test_the_batch_api_refuses_bad_seeds_in_one_line(seeds, needle, caplog):
 def test_odd_api_values_are_readable_errors_logged_in_one_line(overrides, needle, caplog):
     with caplog.at_level(logging.INFO, logger="coolsd.app"):
         with pytest.raises(gr.Error) as error:
-            app.api_generate(**overrides)
+            api.generate(**overrides)
     assert needle in error.value.message and len(error.value.message) < 400
     rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and "\n" not in rejected[0] and len(rejected[0]) < 400
@@ -447,22 +451,22 @@ def taker(name: str) -> str:
 
 def test_ui_and_api_ranges_are_the_one_definition():
     """Every slider's range is coolsd.params's; the API refuses just outside it and accepts its ends."""
-    ui = app.demo.named
+    ui = DEMO.named
     sliders = {name: ui[name] for name in ("delta", "nu", "mu", "k", "lambda", "ranks", "gap", "dist", "cfg_scale",
                                            "temperature", "top_p")}
     names = {"lambda": "lam", "cfg_scale": "cfg"}
     for name, component in sliders.items():
-        param = app.schema(name)
+        param = schema(name)
         assert (component.minimum, component.maximum, component.step) == (param.low, param.high, param.step)
         method = taker(name)
         extra = {"mu_auto": False} if name == "mu" else {}
         for value in (param.low, param.high):
-            session.parse_controls(app.BUNDLE, controls(method=method, **{names.get(name, name): value}, **extra))
+            session.parse_controls(STATE.bundle, controls(method=method, **{names.get(name, name): value}, **extra))
         for value in (param.low - param.step, param.high + param.step):
             with pytest.raises(ValueError, match=f"{name} must be between"):
-                session.parse_controls(app.BUNDLE, controls(method=method, **{names.get(name, name): value},
+                session.parse_controls(STATE.bundle, controls(method=method, **{names.get(name, name): value},
                                                                **extra))
-    assert (ui["top_k"].minimum, ui["top_k"].maximum) == (0, app.BUNDLE.config.vocab_size)
+    assert (ui["top_k"].minimum, ui["top_k"].maximum) == (0, STATE.bundle.config.vocab_size)
     assert (ui["seed"].minimum, ui["seed"].maximum) == (PARAMS["seed"].low, PARAMS["seed"].high)
 
 
@@ -471,18 +475,18 @@ def study_of_this_model(monkeypatch):
     """The shipped study, as if it had measured the loaded weights: the star logic is tested against it whether or
     not the study has been rerun since the default model last changed (which model a study measured has its own
     test)."""
-    shipped = views.load_bench(app.BUNDLE)
+    shipped = views.load_bench(STATE.bundle)
     monkeypatch.setattr(views, "load_bench",
-                        lambda bundle: {**shipped, "target_sha256": app.BUNDLE.weights_digest()})
+                        lambda bundle: {**shipped, "target_sha256": STATE.bundle.weights_digest()})
 
 
 def test_tradeoff_stars_only_the_measured_setting(study_of_this_model):
     """The star marks the benchmark run made with exactly the current setting (defaults filled in)."""
-    bench = {run["label"]: run for run in views.load_bench(app.BUNDLE)["runs"]}
+    bench = {run["label"]: run for run in views.load_bench(STATE.bundle)["runs"]}
 
     def point(method, **changes):
-        request = session.parse_controls(app.BUNDLE, controls(method=method, **changes))
-        return views.measured_point(app.BUNDLE, request, "fid")
+        request = session.parse_controls(STATE.bundle, controls(method=method, **changes))
+        return views.measured_point(STATE.bundle, request, "fid")
 
     def expected(label):
         return bench[label]["tau"], bench[label]["fid"]
@@ -510,37 +514,37 @@ def test_tradeoff_of_a_study_shows_differences_from_eagle_and_stars_the_setting(
     def run(method, params, draft, tau, value):
         return {"method": method, "params": params, "draft": draft, "label": method, "tau": tau,
                 "speedup_vs_ar": 1.0, "vs_eagle": {"fid": {"value": value, "low": value - 1, "high": value + 1}}}
-    study = {"model": app.BUNDLE.name, "sampling": app.BUNDLE.sampling.to_dict(), "images": 1000,
+    study = {"model": STATE.bundle.name, "sampling": STATE.bundle.sampling.to_dict(), "images": 1000,
              "drafts": ["chain:5", "tree:eagle25"],
              "runs": [run("eagle", {}, "chain:5", 2.9, 0.0), run("eagle", {}, "tree:eagle25", 3.5, 0.0),
                       run("cool", {"delta": 2, "nu": 0.7, "schedule": "exp"}, "chain:5", 3.7, 0.8),
                       run("cool", {"delta": 2, "nu": 0.7, "schedule": "exp"}, "tree:eagle25", 4.3, 1.5)]}
     monkeypatch.setattr(views, "load_bench", lambda bundle: study)
-    request = session.parse_controls(app.BUNDLE, controls(method="COOL-SD", delta=2.0, draft="tree:eagle25"))
-    fig = views.tradeoff_figure(app.BUNDLE, session.Comparison(request, None, None), "fid")
+    request = session.parse_controls(STATE.bundle, controls(method="COOL-SD", delta=2.0, draft="tree:eagle25"))
+    fig = views.tradeoff_figure(STATE.bundle, session.Comparison(request, None, None), "fid")
     chain, tree = fig.axes
     stars = [line for ax in (chain, tree) for line in ax.get_lines() if line.get_label() == "current setting"]
     assert len(stars) == 1 and stars[0].axes is tree
     assert (list(stars[0].get_xdata()), list(stars[0].get_ydata())) == ([4.3], [1.5])
-    assert views.tradeoff_figure(app.BUNDLE, None, "fid").axes[0].get_ylabel().startswith("judge-FID minus")
+    assert views.tradeoff_figure(STATE.bundle, None, "fid").axes[0].get_ylabel().startswith("judge-FID minus")
     # a drafter-free setting is starred in its window length's panel, at its difference from AR
     study["drafts"].append("jacobi:16:coupled")
     study["runs"] += [dict(run("cool", {"delta": 2}, "jacobi:16:coupled", 3.1, 9.0), label="cool @ jacobi",
                            vs_ar={"fid": {"value": 0.4, "low": -0.6, "high": 1.4}})]
-    request = session.parse_controls(app.BUNDLE, controls(method="COOL-SD", delta=2.0, draft="jacobi:16:coupled"))
-    fig = views.tradeoff_figure(app.BUNDLE, session.Comparison(request, None, None), "fid")
+    request = session.parse_controls(STATE.bundle, controls(method="COOL-SD", delta=2.0, draft="jacobi:16:coupled"))
+    fig = views.tradeoff_figure(STATE.bundle, session.Comparison(request, None, None), "fid")
     (star,) = [line for ax in fig.axes for line in ax.get_lines() if line.get_label() == "current setting"]
     assert star.axes.get_title() == "Jacobi windows of 16, against AR"
     assert (list(star.get_xdata()), list(star.get_ydata())) == ([3.1], [0.4])
 
 
-@pytest.mark.parametrize("metric", [metric for _, metric in app.QUALITY_AXES])
+@pytest.mark.parametrize("metric", [metric for _, metric in layout.QUALITY_AXES])
 def test_every_quality_axis_draws_every_run_of_the_shipped_study(metric, study_of_this_model):
     """Each quality measure the tab offers draws, in each draft's panel, one point with an interval bar for
     every run of the shipped study on that draft."""
-    study = views.load_bench(app.BUNDLE)
-    every, _ = views.tradeoff_families(app.BUNDLE)
-    fig, note = views.tradeoff_panel(app.BUNDLE, None, metric, families=list(every.values()))
+    study = views.load_bench(STATE.bundle)
+    every, _ = views.tradeoff_families(STATE.bundle)
+    fig, note = views.tradeoff_panel(STATE.bundle, None, metric, families=list(every.values()))
     assert note == ""
     panels = {plots.panel(draft) for draft in study["drafts"]}
     assert len(fig.axes) == len(panels)
@@ -554,7 +558,7 @@ def test_every_quality_axis_draws_every_run_of_the_shipped_study(metric, study_o
 
 
 def comparison(**changes) -> session.Comparison:
-    return session.Comparison(session.parse_controls(app.BUNDLE, controls(**changes)), None, None)
+    return session.Comparison(session.parse_controls(STATE.bundle, controls(**changes)), None, None)
 
 
 def test_tradeoff_says_when_the_setting_is_not_on_the_studys_grid(study_of_this_model):
@@ -562,15 +566,15 @@ def test_tradeoff_says_when_the_setting_is_not_on_the_studys_grid(study_of_this_
     other sampling), nothing when the setting is starred."""
     def stars(fig):
         return [line for ax in fig.axes for line in ax.get_lines() if line.get_label() == "current setting"]
-    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="COOL-SD", delta=2.0))
+    fig, note = views.tradeoff_panel(STATE.bundle, comparison(method="COOL-SD", delta=2.0))
     assert note == "" and len(stars(fig)) == 1
-    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="COOL-SD", delta=2.5))
+    fig, note = views.tradeoff_panel(STATE.bundle, comparison(method="COOL-SD", delta=2.5))
     assert not stars(fig)
     assert note == ("the current setting (COOL-SD (μ=auto, ν=0.7, exp), δ=2.5, chain:5) is not on the study's grid:"
                     " no star.")
-    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="COOL-SD", delta=2.0, cfg=3.0))
+    fig, note = views.tradeoff_panel(STATE.bundle, comparison(method="COOL-SD", delta=2.0, cfg=3.0))
     assert not stars(fig) and note == "the current sampling is not the study's: cfg_scale 3.0 (study: 2.0): no star."
-    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="AR (no drafting)"))
+    fig, note = views.tradeoff_panel(STATE.bundle, comparison(method="AR (no drafting)"))
     assert not stars(fig) and "noise floor" in note
 
 
@@ -579,21 +583,21 @@ def test_tradeoff_says_when_its_study_measured_other_weights_of_the_same_name(mo
     """A study records the sha256 of the target it measured: the same model name with other weights (a retrained
     default model whose study has not been rerun) gets no star, and the note says which model the points are
     from, with or without a generation; the recorded weights themselves get the star."""
-    shipped = views.load_bench(app.BUNDLE)
-    shape = {**app.BUNDLE.config.to_dict(), "n_layer": 3, "dim": 40}
+    shipped = views.load_bench(STATE.bundle)
+    shape = {**STATE.bundle.config.to_dict(), "n_layer": 3, "dim": 40}
     monkeypatch.setattr(views, "load_bench", lambda bundle: {**shipped, "model_shape": shape,
                                                              "target_sha256": "0" * 64})
-    fig, note = views.tradeoff_panel(app.BUNDLE, comparison(method="COOL-SD", delta=2.0))
+    fig, note = views.tradeoff_panel(STATE.bundle, comparison(method="COOL-SD", delta=2.0))
     assert not [line for ax in fig.axes for line in ax.get_lines() if line.get_label() == "current setting"]
-    layers, width = app.BUNDLE.config.n_layer, app.BUNDLE.config.dim
+    layers, width = STATE.bundle.config.n_layer, STATE.bundle.config.dim
     assert note == (f"These points were measured on an earlier model 'fashion' (3 layers of width 40), not the one "
                     f"loaded ({layers} layers of width {width}); the study has not been rerun on this model yet: no "
                     "star for the current setting.")
-    assert views.tradeoff_panel(app.BUNDLE, None)[1].endswith("has not been rerun on this model yet.")
-    request = session.parse_controls(app.BUNDLE, controls(method="COOL-SD", delta=2.0))
-    assert views.measured_run(app.BUNDLE, request) is None
-    monkeypatch.setattr(views, "load_bench", lambda bundle: {**shipped, "target_sha256": app.BUNDLE.weights_digest()})
-    assert views.measured_run(app.BUNDLE, request) is not None and views.tradeoff_panel(app.BUNDLE, None)[1] == ""
+    assert views.tradeoff_panel(STATE.bundle, None)[1].endswith("has not been rerun on this model yet.")
+    request = session.parse_controls(STATE.bundle, controls(method="COOL-SD", delta=2.0))
+    assert views.measured_run(STATE.bundle, request) is None
+    monkeypatch.setattr(views, "load_bench", lambda bundle: {**shipped, "target_sha256": STATE.bundle.weights_digest()})
+    assert views.measured_run(STATE.bundle, request) is not None and views.tradeoff_panel(STATE.bundle, None)[1] == ""
 
 def test_tradeoff_says_when_the_model_has_no_study():
     from coolsd.models.bundle import random_bundle
@@ -604,16 +608,16 @@ def test_tradeoff_says_when_the_model_has_no_study():
 
 
 def test_tradeoff_starts_on_the_quietest_measure_with_the_default_series():
-    assert views.default_metric(app.BUNDLE) == "log_likelihood_per_token"
-    fig, _ = views.tradeoff_panel(app.BUNDLE, None)
+    assert views.default_metric(STATE.bundle) == "log_likelihood_per_token"
+    fig, _ = views.tradeoff_panel(STATE.bundle, None)
     assert fig.axes[0].get_ylabel().replace("\n", " ") == plots.DIFFERENCE_LABELS["log_likelihood_per_token"]
-    every, default = views.tradeoff_families(app.BUNDLE)
+    every, default = views.tradeoff_families(STATE.bundle)
     assert default[:4] == ["eagle", "cool (nu=0.7, schedule=exp)", "uniform", "lantern (residual=gstar)"]
     assert all(" @ jacobi:" in key for key in default[4:])  # the drafter-free series at their defaults
     assert set(default) < set(every.values()) and "ar" not in every.values()
     assert {c.get_label() for c in fig.axes[0].containers} == {  # the chain's panel: the drafter series
         label for label, key in every.items() if key in default and " @ jacobi" not in key}
-    fig, note = views.tradeoff_panel(app.BUNDLE, None, families=["cool (nu=9)"])
+    fig, note = views.tradeoff_panel(STATE.bundle, None, families=["cool (nu=9)"])
     assert fig is None and note.startswith("families: unknown series 'cool (nu=9)'")
 
 
@@ -621,7 +625,7 @@ def test_every_figure_of_the_app_is_readable_on_a_phone_and_a_desktop(generated)
     """At 360 px (phone, narrow=True) and at 800 px (desktop; each acceptance map 400 px) every text of every
     figure the app shows is at least 10 px high on screen."""
     result = generated[5]
-    bundle = app.BUNDLE
+    bundle = STATE.bundle
     for narrow in (False, True):
         shown = dict(views.figures(bundle, result, narrow=narrow))
         shown["replay"] = views.replay_figure(bundle, result, 1, narrow=narrow)
@@ -635,8 +639,8 @@ def test_every_figure_of_the_app_is_readable_on_a_phone_and_a_desktop(generated)
 @pytest.mark.parametrize("method, omega", [("COOL-SD", True), ("UniformRSD", True), ("Eagle-1 (lossless)", False),
                                            ("LANTERN++ with G*", False)])
 def test_theory_draws_omega_only_for_a_rule_with_a_schedule(generated, method, omega):
-    request = session.parse_controls(app.BUNDLE, controls(method=method))
-    fig, table, _ = views.theory_panel(generated[5], request, "captured", 0, app.BUNDLE)
+    request = session.parse_controls(STATE.bundle, controls(method=method))
+    fig, table, _ = views.theory_panel(generated[5], request, "captured", 0, STATE.bundle)
     curves = [line for ax in fig.axes for line in ax.get_lines() if "omega" in line.get_label()]
     assert bool(curves) == omega
     if omega:
@@ -653,11 +657,11 @@ def test_both_images_are_the_direct_generations_whether_run_at_once_or_in_turn(m
     monkeypatch.setattr(session, "side_by_side", lambda bundle: at_once)
     monkeypatch.setattr(session, "EAGLE_CACHE", session.ResultCache())
     said = []
-    request = session.parse_controls(app.BUNDLE, controls(seed=11))
-    result = session.compare(app.BUNDLE, request, lambda *args, desc="": said.append(desc))
-    cls = session.condition(app.BUNDLE, request)
-    assert result.method.tokens == generate(app.BUNDLE, cls, request.rule, request.tree, request.sampling, 11).tokens
-    assert result.eagle.tokens == generate(app.BUNDLE, cls, Eagle(), request.tree, request.sampling, 11).tokens
+    request = session.parse_controls(STATE.bundle, controls(seed=11))
+    result = session.compare(STATE.bundle, request, lambda *args, desc="": said.append(desc))
+    cls = session.condition(STATE.bundle, request)
+    assert result.method.tokens == generate(STATE.bundle, cls, request.rule, request.tree, request.sampling, 11).tokens
+    assert result.eagle.tokens == generate(STATE.bundle, cls, Eagle(), request.tree, request.sampling, 11).tokens
     assert any("side by side" in text for text in said) == at_once
 
 
@@ -670,7 +674,7 @@ class BrowserSession:
 
 
 def generate_in(session: str, **overrides):
-    return last(app.on_generate(*controls(**overrides), progress=no_progress, session=session))
+    return last(generation.on_generate(*controls(**overrides), progress=no_progress, session=session))
 
 
 def test_an_older_requests_timing_never_replaces_a_newer_one():
@@ -680,12 +684,12 @@ def test_an_older_requests_timing_never_replaces_a_newer_one():
     browser = BrowserSession("race")
     older = generate_in("race", method="COOL-SD", seed=31)[5]
     newer = generate_in("race", method="Eagle-1 (lossless)", seed=32)[5]
-    assert app.on_timing(older, browser) == (gr.skip(), gr.skip())
-    assert app.on_figures(older, "fid", None, False, browser) == [gr.skip()] * 9
-    table, timed = app.on_timing(newer, browser)
+    assert generation.on_timing(older, browser) == (gr.skip(), gr.skip())
+    assert generation.on_figures(older, "fid", None, False, browser) == [gr.skip()] * 9
+    table, timed = generation.on_timing(newer, browser)
     assert timed.request.label == "Eagle-1 (lossless)" and timed.request.seed == 32 and timed.timing is not None
     assert "Eagle-1 (lossless)" in table and "COOL-SD" not in table and newer.timing is None  # a copy is timed
-    assert app.on_timing(older, BrowserSession("another")) != (gr.skip(), gr.skip())  # other sessions: unaffected
+    assert generation.on_timing(older, BrowserSession("another")) != (gr.skip(), gr.skip())  # other sessions: unaffected
 
 
 def test_a_timing_stops_once_a_newer_request_of_its_session_arrives(monkeypatch):
@@ -699,18 +703,18 @@ def test_a_timing_stops_once_a_newer_request_of_its_session_arrives(monkeypatch)
     def counting(*args, **kwargs):
         runs.append(args[2].name)
         if len(runs) == 2:  # the newer request's images are shown during the older one's second timed run
-            app.LATEST.claim("stop")
+            STATE.latest.claim("stop")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(session, "generate", counting)
-    assert app.on_timing(older, browser) == (gr.skip(), gr.skip())
+    assert generation.on_timing(older, browser) == (gr.skip(), gr.skip())
     assert len(runs) == 2  # of the 3 x 5 runs a timing makes
 
 
 def test_direct_calls_without_a_browser_session_are_never_stale():
     first = generate_in(None, seed=1)[5]
     generate_in(None, seed=2)
-    assert app.LATEST.current(None, first.serial)
+    assert STATE.latest.current(None, first.serial)
 
 
 # The theory panel ----------------------------------------------------------------------------------------
@@ -723,7 +727,7 @@ def test_theory_of_lantern_on_toy_pairs_uses_the_toy_tokens_neighbours(generated
     from coolsd.core.theory import chain_theory, toy_chain
 
     for label, residual in (("LANTERN++", "lantern"), ("LANTERN++ with G*", "gstar")):
-        figure, text = app.on_theory(generated[5], *controls(method=label, k=50, lam=3.0), "toy distributions", 7, False)
+        figure, text = panels.on_theory(generated[5], *controls(method=label, k=50, lam=3.0), "toy distributions", 7, False)
         assert isinstance(figure, Figure) and "⚠️" not in text
         assert "omega_i" not in text and "| position i | beta_i | e_i | P(reach i) |" in text
         p, q = toy_chain(vocab=views.TOY_VOCAB, length=5, seed=7)
@@ -732,49 +736,49 @@ def test_theory_of_lantern_on_toy_pairs_uses_the_toy_tokens_neighbours(generated
         neighbours = nearest_codes(torch.from_numpy(codes), 51)
         expected = chain_theory(p, q, Lantern(neighbours, k=50, lam=3.0, residual=residual))
         assert f"E[N] = **{expected['expected_accepted']:.3f}**" in text
-    assert "omega_i" not in app.on_theory(None, *controls(method="Eagle-1 (lossless)"), "toy distributions", 0, False)[1]
-    assert "| position i | omega_i |" in app.on_theory(None, *controls(method="UniformRSD"), "toy distributions", 0, False)[1]
+    assert "omega_i" not in panels.on_theory(None, *controls(method="Eagle-1 (lossless)"), "toy distributions", 0, False)[1]
+    assert "| position i | omega_i |" in panels.on_theory(None, *controls(method="UniformRSD"), "toy distributions", 0, False)[1]
 
 
 def test_theory_of_captured_pairs_uses_the_model_that_made_them(generated, tmp_path):
     """Pairs captured with the shipped model (512 codes) while another model (16 codes) is selected: LANTERN++'s
     rule is the capturing model's, and the panel says the pairs are from another model."""
-    other = app.MODELS.peek(app.models.DEFAULT)
-    small = app.random_bundle("tiny")
-    app.MODELS.loaded["tiny-test"] = small
+    other = STATE.models.peek(models.DEFAULT)
+    small = random_bundle("tiny")
+    STATE.models.loaded["tiny-test"] = small
     try:
         selected = controls(method="LANTERN++", model="tiny-test", class_name=small.class_names[0])
-        figure, text = app.on_theory(generated[5], *selected, "last generation", 0, False)
+        figure, text = panels.on_theory(generated[5], *selected, "last generation", 0, False)
         assert isinstance(figure, Figure) and "⚠️" not in text and "omega_i" not in text
         assert "made with model default, not the selected model tiny-test" in text
         direct = views.captured_theory(generated[5].eagle.stats.captured, session.parse_controls(
             other, controls(method="LANTERN++")).rule, 5)
         assert f"E[N] = **{direct['expected_accepted']:.3f}**" in text
     finally:
-        del app.MODELS.loaded["tiny-test"]
+        del STATE.models.loaded["tiny-test"]
 
 
 def test_theory_says_a_tree_is_computed_as_a_chain_and_shows_toy_pairs_before_any_generation(generated):
-    _, text = app.on_theory(generated[5], *controls(draft="tree:eagle25"), "last generation", 0, False)
+    _, text = panels.on_theory(generated[5], *controls(draft="tree:eagle25"), "last generation", 0, False)
     assert "tree:eagle25 is a tree, but these are the numbers of a chain of its depth (5)" in text
-    assert "numbers of a chain" not in app.on_theory(generated[5], *controls(draft="chain:5"), "last generation", 0, False)[1]
-    figure, text = app.on_theory(None, *controls(), "last generation", 0, False)
+    assert "numbers of a chain" not in panels.on_theory(generated[5], *controls(draft="chain:5"), "last generation", 0, False)[1]
+    figure, text = panels.on_theory(None, *controls(), "last generation", 0, False)
     assert isinstance(figure, Figure) and "Nothing generated yet" in text and "E[N]" in text
 
 
 def test_the_theory_panel_is_drawn_when_the_page_loads():
-    loads = [d for d in app.demo.config["dependencies"] if d["api_name"] == "on_theory"]
+    loads = [d for d in DEMO.config["dependencies"] if d["api_name"] == "on_theory"]
     assert loads and any(target[1] == "load" for target in loads[0]["targets"])
 
 
 # Typed values outside a control's range -------------------------------------------------------------------
-@pytest.mark.parametrize("name", list(app.ranged_params()))
+@pytest.mark.parametrize("name", list(inputs.ranged_params()))
 def test_a_typed_value_out_of_range_is_one_named_warning_and_the_box_shows_what_runs(name):
     """Every typed control: above and below its range, one warning naming it and its range, and the control is
     set to the nearest end, which Generate then accepts; a value inside the range passes untouched."""
-    param = app.ranged_params()[name]
-    high = app.BUNDLE.config.vocab_size if name == "top_k" else param.high
-    check = app.on_range(param)
+    param = inputs.ranged_params()[name]
+    high = STATE.bundle.config.vocab_size if name == "top_k" else param.high
+    check = inputs.on_range(param)
     def written(bound):  # 0.05, 5, 2147483647
         return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
@@ -788,7 +792,7 @@ def test_a_typed_value_out_of_range_is_one_named_warning_and_the_box_shows_what_
         if name != "toy_seed":  # what the box now shows is what Generate runs
             method = taker(name)
             extra = {"mu_auto": False} if name == "mu" else {}
-            request = session.parse_controls(app.BUNDLE, controls(method=method, **{name: value}, **extra))
+            request = session.parse_controls(STATE.bundle, controls(method=method, **{name: value}, **extra))
             ran = request.seed if name == "seed" else getattr(request.sampling, name, None)
             assert (request.param_dict[name] if ran is None else ran) == end
     assert check(param.default if not isinstance(param.default, str) else 0, "default") == gr.skip()
@@ -796,13 +800,13 @@ def test_a_typed_value_out_of_range_is_one_named_warning_and_the_box_shows_what_
 
 # The paper's presets, the API's refusals, the Eagle-1 image's draft, text shown literally ----------------
 @pytest.mark.parametrize("draft", session.DRAFTS)
-@pytest.mark.parametrize("preset", list(app.PRESETS))
+@pytest.mark.parametrize("preset", list(layout.PRESETS))
 def test_a_paper_preset_sets_every_control_its_setting_depends_on(preset, draft):
     """From a setting the rule refuses (linear schedule, nu=2, mu by hand), a preset gives the paper's COOL-SD:
     exponential schedule, mu auto, nu 0.7, its delta; the draft stays the user's, and every draft accepts it."""
-    values = app.PRESETS[preset]
+    values = layout.PRESETS[preset]
     assert {"method", "delta", "nu", "mu_auto", "schedule"} <= set(values)
-    request = session.parse_controls(app.BUNDLE, controls(**{**named_controls(
+    request = session.parse_controls(STATE.bundle, controls(**{**named_controls(
         schedule="linear", nu=2.0, mu_auto=False, mu=-3.0, method="UniformRSD", draft=draft), **values}))
     assert request.method == "cool" and request.draft == draft
     assert request.param_dict == {"delta": float(preset.split("δ=")[1]), "nu": 0.7, "mu": "auto", "schedule": "exp"}
@@ -820,7 +824,7 @@ def test_a_paper_preset_sets_every_control_its_setting_depends_on(preset, draft)
 def test_the_api_refuses_what_the_request_cannot_use(overrides, needle, caplog):
     with caplog.at_level(logging.INFO, logger="coolsd.app"):
         with pytest.raises(gr.Error) as error:
-            app.api_generate(**overrides)
+            api.generate(**overrides)
     assert needle in error.value.message and len(error.value.message) < 300  # a 5 MB prompt is not echoed
     rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and len(rejected[0]) < 400
@@ -829,13 +833,13 @@ def test_the_api_refuses_what_the_request_cannot_use(overrides, needle, caplog):
 def test_the_api_takes_other_methods_parameters_left_at_their_defaults():
     """gradio_client sends every parameter, the omitted ones at their defaults: those are not refused, in any
     form a client may send them."""
-    answer = app.api_generate(method="UniformRSD", delta=1.5, nu=0.7, mu="AUTO", k=10, lam=5, schedule="exp",
+    answer = api.generate(method="UniformRSD", delta=1.5, nu=0.7, mu="AUTO", k=10, lam=5, schedule="exp",
                               prompt="  ", seed=2)
     assert answer["method"]["stats"]["params"] == {"delta": 1.5}
 
 
 def test_the_eagle_image_names_the_draft_it_used_even_with_ar_chosen():
-    image, eagle, _, text, _, result = last(app.on_generate(*controls(method="AR (no drafting)", draft="tree:eagle25"),
+    image, eagle, _, text, _, result = last(generation.on_generate(*controls(method="AR (no drafting)", draft="tree:eagle25"),
                                                        progress=no_progress))
     assert image["label"] == "AR (no drafting)" and eagle["label"] == "Eagle-1 (lossless, tree:eagle25)"
     assert "Right: **Eagle-1 (lossless, tree:eagle25)**" in text
@@ -852,7 +856,7 @@ def test_user_text_is_shown_literally_on_one_line(text):
     assert html.startswith("<p>") and html.endswith("</p>") and html.count("<") == 2
     import html as entities
     assert entities.unescape(html[3:-4]) == " ".join(text.split())
-    caption = views.caption(app.BUNDLE, session.parse_controls(app.BUNDLE, controls()))
+    caption = views.caption(STATE.bundle, session.parse_controls(STATE.bundle, controls()))
     assert "Class *Trouser*" in caption
 
 
@@ -871,7 +875,7 @@ def contains_zero(d):
 
 def test_every_tour_step_cites_the_shipped_study():
     """Each step's numbers are the study's own (spot checks, formatted here from the JSON), none is missing."""
-    texts = [app.on_tour(i)[-1] for i in range(len(tour.STEPS))]
+    texts = [settings.on_tour(i)[-1] for i in range(len(tour.STEPS))]
     assert all("(not in the study)" not in text and "{" not in text for text in texts)
     eagle, cool = RUNS["eagle @ chain:5"], RUNS["cool:delta=2,nu=0.7,schedule=exp @ chain:5"]
     ar_fid = RUNS["ar"]["vs_eagle"]["fid"]
@@ -923,7 +927,7 @@ def paired_verdict(aspect: str, measures: tuple[str, ...], for_a: bool) -> str:
 
 def test_the_tours_claims_are_what_the_study_measured():
     """What the steps say in words, checked against the study independently of the code that fills them in."""
-    texts = [app.on_tour(i)[-1] for i in range(len(tour.STEPS))]
+    texts = [settings.on_tour(i)[-1] for i in range(len(tour.STEPS))]
     quality = ("log_likelihood_per_token", "fid", "judge_accuracy")
     ar = RUNS["ar"]["vs_eagle"]
     assert ("every 95% interval contains 0" in texts[0]) == all(contains_zero(ar[m]) for m in quality)  # step 1
@@ -950,12 +954,12 @@ def test_the_tours_claims_are_what_the_study_measured():
 @pytest.mark.parametrize("index", range(len(tour.STEPS)))
 def test_a_tour_step_sets_its_controls_to_a_setting_that_generates(index):
     step = tour.STEPS[index]
-    answer = app.on_tour(index)
-    names = app.tour_controls()
+    answer = settings.on_tour(index)
+    names = settings.tour_controls()
     assert len(answer) == len(names) + 1 and answer[-1].startswith(f"**{views.plain(step.title)}**")
     set_values = {name: value for name, value in zip(names, answer) if value != gr.skip()}
     assert set_values == step.values
-    request = session.parse_controls(app.BUNDLE, controls(**{"schedule": "linear", "nu": 2.0, **set_values}))
+    request = session.parse_controls(STATE.bundle, controls(**{"schedule": "linear", "nu": 2.0, **set_values}))
     assert request.label == step.values["method"] and request.draft == step.values["draft"]
 
 
@@ -966,7 +970,7 @@ JACOBI = "jacobi:16:coupled"
 def test_the_draft_selector_offers_jacobi_windows_and_says_what_the_chosen_draft_is():
     """The selector lists Jacobi windows after the draft model's chains and trees; the line under it follows the
     choice: who drafts, how many, what the refresh does and what Eagle-1 on it is known as."""
-    ui = app.demo.named
+    ui = DEMO.named
     offered = [value for _, value in ui["draft"].choices]
     assert {"jacobi:8", "jacobi:16", JACOBI, "jacobi:16:gumbel", "jacobi:32:coupled"} <= set(offered)
     assert offered.index("chain:5") < offered.index("jacobi:8") and offered == session.DRAFTS
@@ -977,24 +981,24 @@ def test_the_draft_selector_offers_jacobi_windows_and_says_what_the_chosen_draft
     assert "draft model proposes 5 tokens in a row" in views.draft_note("chain:5")
     assert "25 tokens, 5 deep" in views.draft_note("tree:eagle25")
     assert "⚠️" in views.draft_note("jacobi:huge") and "\n" not in views.draft_note(["x"])
-    assert ui["draft_note"].value == views.draft_note(app.DEFAULTS["draft"])
-    follows = [d for d in app.demo.config["dependencies"] if d["api_name"] == "draft_note"]
+    assert ui["draft_note"].value == views.draft_note(inputs.defaults()["draft"])
+    follows = [d for d in DEMO.config["dependencies"] if d["api_name"] == "draft_note"]
     assert follows and follows[0]["outputs"] == [ui["draft_note"]._id]
     assert [tuple(target) for target in follows[0]["targets"]] == [(ui["draft"]._id, "change")]
-    assert app.on_method("AR (no drafting)")[-1]["visible"] is False  # the selector and its note hide together
+    assert settings.on_method("AR (no drafting)")[-1]["visible"] is False  # the selector and its note hide together
 
 
 @pytest.fixture(scope="module")
 def jacobi_runs():
     """Every method on a coupled Jacobi window of the shipped model (the Eagle-1 run beside them: SCD)."""
-    return {method: last(app.on_generate(*controls(method=method, draft=JACOBI), progress=no_progress))
+    return {method: last(generation.on_generate(*controls(method=method, draft=JACOBI), progress=no_progress))
             for method in session.method_entries()}
 
 
 def test_every_method_runs_on_a_jacobi_window(jacobi_runs):
     for method, (image, eagle, table, caption, _, result) in jacobi_runs.items():
         stats = result.method.stats
-        assert stats.tokens == app.BUNDLE.config.image_tokens and stats.drafter_forwards == 0, method
+        assert stats.tokens == STATE.bundle.config.image_tokens and stats.drafter_forwards == 0, method
         assert eagle["label"] == f"Eagle-1 (lossless, {JACOBI})" and JACOBI in caption
         assert result.eagle.stats.draft == JACOBI and result.eagle.stats.drafter_forwards == 0
         if method.startswith("AR"):
@@ -1013,14 +1017,14 @@ def replay_marks(fig) -> dict[str, np.ndarray]:
 
 def test_the_replay_and_the_acceptance_map_of_a_jacobi_run_show_where_its_drafts_came_from(jacobi_runs):
     result = jacobi_runs["COOL-SD"][5]
-    stats, grid = result.method.stats, app.BUNDLE.config
-    figures = app.on_figures(result, "fid")
+    stats, grid = result.method.stats, STATE.bundle.config
+    figures = generation.on_figures(result, "fid")
     legend = [t.get_text() for fig in (figures[2], figures[4]) for lg in fig.findobj(Legend) for t in lg.get_texts()]
     used = {source for past in stats.rounds for source in past.sources}
     for source in used:  # the replay's legend: every source of the run; the map's: those of its accepted drafts
         assert legend.count(plots.SOURCE_STYLE[source][2]) == 1 + (source in stats.token_source)
     for index in (1, len(stats.rounds) // 2, len(stats.rounds) - 1):
-        marks = replay_marks(app.on_replay(result, index))
+        marks = replay_marks(panels.on_replay(result, index))
         current = stats.rounds[index]
         expected = Counter(source for node, source in enumerate(current.sources)
                            if current.start + node < grid.image_tokens)
@@ -1034,8 +1038,8 @@ def test_the_replay_and_the_acceptance_map_of_a_jacobi_run_show_where_its_drafts
 
 def generated_eagle_map():
     """The acceptance map of a drafter run (Eagle-1 on chain:5): no source marks."""
-    result = last(app.on_generate(*controls(method="Eagle-1 (lossless)"), progress=no_progress))[5]
-    return app.on_figures(result, "fid")[2]
+    result = last(generation.on_generate(*controls(method="Eagle-1 (lossless)"), progress=no_progress))[5]
+    return generation.on_figures(result, "fid")[2]
 
 
 @pytest.mark.parametrize("draft", [JACOBI, "jacobi:32:coupled"])
@@ -1043,11 +1047,11 @@ def test_a_deep_jacobi_window_keeps_its_figures_readable(draft, jacobi_runs):
     """16 and 32 draft positions, yet no tick labels overlap (16 ran together on a phone) and no text is small,
     on a phone and a desktop."""
     result = jacobi_runs["COOL-SD"][5] if draft == JACOBI else \
-        last(app.on_generate(*controls(draft=draft), progress=no_progress))[5]
+        last(generation.on_generate(*controls(draft=draft), progress=no_progress))[5]
     for narrow in (False, True):
-        shown = dict(views.figures(app.BUNDLE, result, narrow=narrow))
-        shown["replay"] = views.replay_figure(app.BUNDLE, result, 2, narrow=narrow)
-        shown["theory"] = views.theory_panel(result, result.request, "toy", 0, app.BUNDLE, narrow=narrow)[0]
+        shown = dict(views.figures(STATE.bundle, result, narrow=narrow))
+        shown["replay"] = views.replay_figure(STATE.bundle, result, 2, narrow=narrow)
+        shown["theory"] = views.theory_panel(result, result.request, "toy", 0, STATE.bundle, narrow=narrow)[0]
         for name, fig in shown.items():
             panel = PHONE_PANEL if narrow else DESKTOP_MAP_PANEL if name.startswith("map") else DESKTOP_PANEL
             assert not small_texts(fig, panel), (name, narrow)
@@ -1060,32 +1064,32 @@ def test_a_deep_jacobi_window_keeps_its_figures_readable(draft, jacobi_runs):
 # GSD: grouped acceptance --------------------------------------------------------------------------------------
 def test_gsd_runs_from_the_controls_and_the_api():
     for label, residual in (("GSD", "gsd"), ("GSD with G*", "gstar")):
-        result = last(app.on_generate(*controls(method=label, ranks=3, gap=0.3, dist=1.0), progress=no_progress))[5]
+        result = last(generation.on_generate(*controls(method=label, ranks=3, gap=0.3, dist=1.0), progress=no_progress))[5]
         assert result.request.param_dict == {"ranks": 3, "gap": 0.3, "dist": 1.0, "residual": residual}
-        assert result.method.stats.method == "gsd" and result.method.stats.tokens == app.BUNDLE.config.image_tokens
-    answer = app.api_generate(method="GSD", ranks=3, gap=0.3, dist=1.0, seed=2)
+        assert result.method.stats.method == "gsd" and result.method.stats.tokens == STATE.bundle.config.image_tokens
+    answer = api.generate(method="GSD", ranks=3, gap=0.3, dist=1.0, seed=2)
     assert answer["method"]["stats"]["params"] == {"ranks": 3, "gap": 0.3, "dist": 1.0, "residual": "gsd"}
-    assert app.api_generate_batch(method="GSD with G*", ranks=5, seeds=[2])["images"][0]["method"]["stats"][
+    assert api.generate_batch(method="GSD with G*", ranks=5, seeds=[2])["images"][0]["method"]["stats"][
         "params"]["ranks"] == 5
     with pytest.raises(gr.Error, match="ranks is not a parameter of COOL-SD"):
-        app.api_generate(method="COOL-SD", ranks=3)
+        api.generate(method="COOL-SD", ranks=3)
     with pytest.raises(gr.Error, match="gap must be between 0.01 and 1"):
-        app.api_generate(method="GSD", gap=2.0)
+        api.generate(method="GSD", gap=2.0)
 
 
 @pytest.mark.parametrize("endpoint, counts", [("generate", (15, 17, 20)), ("generate_batch", (16, 19))])
 def test_older_api_clients_keep_their_positions(endpoint, counts):
     """GSD's values come last: a client that sends the values of an older contract gets the defaults for the
     rest; one more value than the newest contract takes is refused in one line."""
-    fn = next(fn for fn in app.demo.fns.values() if fn.api_name == endpoint)
-    parameters = app.demo.get_api_info()["named_endpoints"][f"/{endpoint}"]["parameters"]
+    fn = next(fn for fn in DEMO.fns.values() if fn.api_name == endpoint)
+    parameters = DEMO.get_api_info()["named_endpoints"][f"/{endpoint}"]["parameters"]
     assert [parameter["parameter_name"] for parameter in parameters][-3:] == ["ranks", "gap", "dist"]
     for count in counts[:-1]:
         values = [None] * count
-        app.demo.validate_inputs(fn, values)
+        DEMO.validate_inputs(fn, values)
         assert len(values) == len(fn.inputs) == counts[-1] and values[-3:] == [7, 0.15, 0.5]
     with pytest.raises(gr.Error, match=f"/{endpoint} takes {counts[0]} to {counts[-1]} values, got {counts[-1] + 1}"):
-        app.demo.validate_inputs(fn, [None] * (counts[-1] + 1))
+        DEMO.validate_inputs(fn, [None] * (counts[-1] + 1))
 
 
 def test_theory_of_gsd_on_toy_pairs_uses_the_toy_tokens_embeddings(generated):
@@ -1094,12 +1098,12 @@ def test_theory_of_gsd_on_toy_pairs_uses_the_toy_tokens_embeddings(generated):
     from coolsd.core.rules import Grouped
     from coolsd.core.theory import chain_theory, toy_chain
 
-    figure, text = app.on_theory(None, *controls(method="GSD", gap=0.5, dist=2.0), "toy distributions", 3, False)
+    figure, text = panels.on_theory(None, *controls(method="GSD", gap=0.5, dist=2.0), "toy distributions", 3, False)
     assert isinstance(figure, Figure) and "⚠️" not in text and "GSD's embeddings" in text and "omega_i" not in text
     p, q = toy_chain(vocab=views.TOY_VOCAB, length=5, seed=3)
     expected = chain_theory(p, q, Grouped(views.toy_embeddings(views.TOY_VOCAB, 3), 7, 0.5, 2.0))
     assert f"E[N] = **{expected['expected_accepted']:.3f}**" in text and expected["tv_bound"] > 0
-    eagle = app.on_theory(None, *controls(method="Eagle-1 (lossless)"), "toy distributions", 3, False)[1]
+    eagle = panels.on_theory(None, *controls(method="Eagle-1 (lossless)"), "toy distributions", 3, False)[1]
     assert float(eagle.split("E[N] = **")[1].split("**")[0]) < expected["expected_accepted"]
-    figure, text = app.on_theory(generated[5], *controls(method="GSD with G*"), "last generation", 0, False)
+    figure, text = panels.on_theory(generated[5], *controls(method="GSD with G*"), "last generation", 0, False)
     assert isinstance(figure, Figure) and "⚠️" not in text and "captured along the last Eagle-1 run" in text

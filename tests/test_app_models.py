@@ -24,10 +24,14 @@ from matplotlib.figure import Figure
 from PIL import Image
 from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_dir: the tiny text-to-image model)
 
-import app
 from coolsd.app import models, session, views
+from coolsd.app.controls import DEFAULT_METHOD
+from coolsd.app.web import api, generation, inputs, layout, panels, runtime, settings
 from coolsd.models.bundle import random_bundle
 from coolsd.models.registry import PRESETS, preset_names, read_spec
+
+STATE = runtime.start()  # the app's state, as app.py makes it
+DEMO = layout.build_demo(STATE)
 
 
 def no_progress(*args, **kwargs):
@@ -58,32 +62,32 @@ def local_models(model_dir, broken_dir, monkeypatch):  # noqa: F811
 
 
 def controls(**overrides):
-    values = app.defaults()
+    values = inputs.defaults()
     values.update(overrides)
     return [values[name] for name in session.value_names()]
 
 
 def test_the_listing_has_the_default_first_then_the_local_models(model_dir, broken_dir):  # noqa: F811
-    choices = app.MODELS.choices()
+    choices = STATE.models.choices()
     assert [choice.key for choice in choices] == [models.DEFAULT, str(model_dir), str(broken_dir)]
-    assert choices[0].label == f"{app.BUNDLE.name} (default)"
+    assert choices[0].label == f"{STATE.bundle.name} (default)"
     assert choices[1].label.startswith("tiny text-to-image")
-    dropdown = app.demo.named["model"]
+    dropdown = DEMO.named["model"]
     assert dropdown.value == models.DEFAULT and dropdown.label == "Model"
 
 
 def test_presets_are_listed_only_when_available(monkeypatch):
     def keys():
-        return [choice.key for choice in app.MODELS.choices() if choice.key in preset_names()]
+        return [choice.key for choice in STATE.models.choices() if choice.key in preset_names()]
 
     assert keys() == []  # offline, nothing cached
     monkeypatch.setattr(models, "hub_cached", lambda value, directory=False: True)
     assert keys() == preset_names()
-    assert all(not choice.label.endswith("use)") for choice in app.MODELS.choices())
+    assert all(not choice.label.endswith("use)") for choice in STATE.models.choices())
     monkeypatch.setattr(models, "hub_cached", lambda value, directory=False: False)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     assert keys() == preset_names()
-    labels = [choice.label for choice in app.MODELS.choices() if choice.key in preset_names()]
+    labels = [choice.label for choice in STATE.models.choices() if choice.key in preset_names()]
     assert all(label.endswith("(downloads on first use)") for label in labels)
 
 
@@ -103,34 +107,34 @@ def test_the_cache_check_reads_the_hugging_face_cache(monkeypatch, tmp_path):
 
 
 def test_switching_to_a_text_model_shows_the_prompt_box(model_dir):  # noqa: F811
-    outputs = dict(zip(app.MODEL_OUTPUTS, app.on_model(str(model_dir), models.DEFAULT, False, progress=no_progress)))
+    outputs = dict(zip(settings.MODEL_OUTPUTS, settings.on_model(str(model_dir), models.DEFAULT, False, progress=no_progress)))
     assert outputs["class_name"]["visible"] is False and outputs["prompt_box"]["visible"] is True
     assert outputs["top_k"]["maximum"] == 16 and outputs["cfg_scale"] == 3.0
     assert outputs["model_state"] == str(model_dir)
-    back = dict(zip(app.MODEL_OUTPUTS, app.on_model(models.DEFAULT, str(model_dir), False, progress=no_progress)))
+    back = dict(zip(settings.MODEL_OUTPUTS, settings.on_model(models.DEFAULT, str(model_dir), False, progress=no_progress)))
     assert back["class_name"]["visible"] is True and back["prompt_box"]["visible"] is False
-    assert back["class_name"]["choices"] == app.BUNDLE.class_names and back["class_name"]["value"] == "Trouser"
-    assert back["top_k"]["maximum"] == app.BUNDLE.config.vocab_size and back["cfg_scale"] == 2.0
+    assert back["class_name"]["choices"] == STATE.bundle.class_names and back["class_name"]["value"] == "Trouser"
+    assert back["top_k"]["maximum"] == STATE.bundle.config.vocab_size and back["cfg_scale"] == 2.0
     assert isinstance(back["tradeoff_plot"], Figure) and back["model_state"] == models.DEFAULT
 
 
 def test_generating_with_a_prompt_fills_every_output(model_dir):  # noqa: F811
     prompt = "a red cat on the grass"
-    *_, (image, eagle_image, table, caption, _slider, result) = app.on_generate(
+    *_, (image, eagle_image, table, caption, _slider, result) = generation.on_generate(
         *controls(model=str(model_dir), prompt=prompt, cfg_scale=3.0), progress=no_progress)
     assert image["value"].size == (80, 80) and eagle_image["value"].size == (80, 80)  # 8 px, enlarged 10x
     assert prompt in caption and "Trouser" not in caption
     assert result.request.class_id is None and result.request.prompt == prompt
     assert result.method.stats.tokens == 16 and "speed-up vs AR" in table
-    figures = app.on_figures(result, "fid")
+    figures = generation.on_figures(result, "fid")
     assert all(isinstance(figure, Figure) for figure in figures[:6]) and figures[7] is None  # no benchmark shipped
     assert "has no shipped study" in figures[8]
-    assert isinstance(app.on_replay(result, 0), Figure)
+    assert isinstance(panels.on_replay(result, 0), Figure)
     assert any(key[0] == str(model_dir) and prompt in key for key in session.EAGLE_CACHE.items)
-    table, timed = app.on_timing(result)
+    table, timed = generation.on_timing(result)
     assert timed.timing.repeats == session.TIMING_REPEATS
     with pytest.raises(gr.Error) as error:
-        list(app.on_generate(*controls(model=str(model_dir), prompt="  "), progress=no_progress))
+        list(generation.on_generate(*controls(model=str(model_dir), prompt="  "), progress=no_progress))
     assert "prompt must be a non-empty text" in error.value.message
 
 
@@ -143,16 +147,16 @@ def test_images_show_at_native_resolution_from_128_px():
 
 
 def test_the_api_takes_a_model_and_a_prompt(model_dir):  # noqa: F811
-    first = app.api_generate(method="COOL-SD", seed=3, model=str(model_dir), prompt="a blue dog")
-    second = app.api_generate(method="COOL-SD", seed=3, model=str(model_dir), prompt="a blue dog")
+    first = api.generate(method="COOL-SD", seed=3, model=str(model_dir), prompt="a blue dog")
+    second = api.generate(method="COOL-SD", seed=3, model=str(model_dir), prompt="a blue dog")
     assert first["method"]["tokens"] == second["method"]["tokens"] and len(first["method"]["tokens"]) == 16
     assert np.array(first["method"]["pixels"]).shape == (8, 8, 3)
     assert first["method"]["stats"]["sampling"]["cfg_scale"] == 3.0  # the model's default
     assert first["method"]["stats"]["condition"]["caption"] == "a blue dog"
     assert Image.open(io.BytesIO(base64.b64decode(first["eagle"]["png_base64"]))).size == (8, 8)
-    default = app.api_generate(method="COOL-SD", seed=3)  # the existing contract: the default model
-    assert len(default["method"]["tokens"]) == app.BUNDLE.config.image_tokens
-    again = app.api_generate(method="COOL-SD", seed=3, model="", prompt="")  # an empty prompt is no prompt
+    default = api.generate(method="COOL-SD", seed=3)  # the existing contract: the default model
+    assert len(default["method"]["tokens"]) == STATE.bundle.config.image_tokens
+    again = api.generate(method="COOL-SD", seed=3, model="", prompt="")  # an empty prompt is no prompt
     assert again["method"]["tokens"] == default["method"]["tokens"] and again["method"]["stats"]["class_id"] == 1
 
 
@@ -163,29 +167,29 @@ def test_the_api_takes_a_model_and_a_prompt(model_dir):  # noqa: F811
 ])
 def test_a_bad_model_is_a_readable_error(model, needle):
     with pytest.raises(gr.Error) as error:
-        app.api_generate(model=model)
+        api.generate(model=model)
     assert needle in error.value.message and "Traceback" not in error.value.message
     with pytest.raises(gr.Error) as error:
-        list(app.on_generate(*controls(model=model), progress=no_progress))
+        list(generation.on_generate(*controls(model=model), progress=no_progress))
     assert needle in error.value.message
 
 
 def test_a_model_that_cannot_load_is_a_notice_and_the_selection_goes_back(broken_dir):
     with pytest.warns(UserWarning, match="could not load model"):
-        outputs = app.on_model(str(broken_dir), models.DEFAULT, False, progress=no_progress)
-    named = dict(zip(app.MODEL_OUTPUTS, outputs))
+        outputs = settings.on_model(str(broken_dir), models.DEFAULT, False, progress=no_progress)
+    named = dict(zip(settings.MODEL_OUTPUTS, outputs))
     assert named["model"]["value"] == models.DEFAULT and named["model_state"] == models.DEFAULT
     with pytest.raises(gr.Error) as error:
-        app.api_generate(model=str(broken_dir))
+        api.generate(model=str(broken_dir))
     assert "could not load model" in error.value.message and "missing.pt" in error.value.message
 
 
 def test_reset_keeps_the_model_and_takes_its_defaults(model_dir):  # noqa: F811
-    app.MODELS.get(str(model_dir))
+    STATE.models.get(str(model_dir))
     names = [name for name in session.value_names() if name not in session.CONDITION]
-    values = dict(zip(names, app.on_reset(str(model_dir))))
-    assert values["cfg_scale"] == 3.0 and values["method"] == app.DEFAULT_METHOD
-    assert dict(zip(names, app.on_reset(models.DEFAULT)))["class_name"] == "Trouser"
+    values = dict(zip(names, settings.on_reset(str(model_dir))))
+    assert values["cfg_scale"] == 3.0 and values["method"] == DEFAULT_METHOD
+    assert dict(zip(names, settings.on_reset(models.DEFAULT)))["class_name"] == "Trouser"
 
 
 # A preset that must download: one short probe of the hub, a remembered failure, and its own queue ---------
@@ -251,7 +255,7 @@ def test_an_unreachable_hub_fails_in_seconds_says_what_to_do_and_is_remembered(w
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setattr(models, "PROBE_SECONDS", probe_seconds)
     hub = HubClient()
-    store = models.Models(app.BUNDLE, hub)
+    store = models.Models(STATE.bundle, hub)
     preset = preset_names()[0]
     started = time.perf_counter()
     with pytest.raises(ValueError) as error:
@@ -274,7 +278,7 @@ def test_an_unreachable_hub_fails_in_seconds_says_what_to_do_and_is_remembered(w
 def test_a_reachable_hub_downloads_and_a_failed_download_is_remembered(downloads, answering_port, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{answering_port}")
     hub = HubClient(seconds=0.0)
-    store = models.Models(app.BUNDLE, hub)
+    store = models.Models(STATE.bundle, hub)
     preset = preset_names()[0]
     with pytest.raises(ValueError, match="no network"):
         store.get(preset)
@@ -282,22 +286,22 @@ def test_a_reachable_hub_downloads_and_a_failed_download_is_remembered(downloads
     with pytest.raises(ValueError, match="remembered"):
         store.get(preset)
     assert hub.calls == 1
-    store = models.Models(app.BUNDLE, lambda key: app.BUNDLE)
-    assert store.get(preset) is app.BUNDLE and not store.failed
+    store = models.Models(STATE.bundle, lambda key: STATE.bundle)
+    assert store.get(preset) is STATE.bundle and not store.failed
 
 
 def test_a_local_model_loads_without_probing_the_hub(model_dir, downloads):  # noqa: F811
-    store = models.Models(app.BUNDLE, lambda key: app.BUNDLE)
-    assert store.get(str(model_dir)) is app.BUNDLE and downloads == []
+    store = models.Models(STATE.bundle, lambda key: STATE.bundle)
+    assert store.get(str(model_dir)) is STATE.bundle and downloads == []
 
 
 def test_the_ui_loads_models_in_their_own_queue_and_generate_never_loads_one():
-    events = {fn.api_name: fn for fn in app.demo.fns.values()}
+    events = {fn.api_name: fn for fn in DEMO.fns.values()}
     assert events["on_model"].concurrency_id != events["on_generate"].concurrency_id
     assert events["on_timing"].concurrency_id == events["on_generate"].concurrency_id == "generate"
     with pytest.raises(gr.Error, match="is not loaded yet"):
-        app.on_check(*controls(model=str(next(key for key in (c.key for c in app.MODELS.choices())
-                                                  if key not in app.MODELS.loaded))))
+        generation.on_check(*controls(model=str(next(key for key in (c.key for c in STATE.models.choices())
+                                                  if key not in STATE.models.loaded))))
 
 
 def test_a_generation_is_not_delayed_by_slow_model_loads(broken_dir, monkeypatch):
@@ -305,9 +309,9 @@ def test_a_generation_is_not_delayed_by_slow_model_loads(broken_dir, monkeypatch
     sent meanwhile, comes back without waiting for them."""
     from test_browser import GOOD, api_call, free_port, ui_call
 
-    monkeypatch.setattr(app.MODELS, "loader", HubClient(seconds=8.0))
+    monkeypatch.setattr(STATE.models, "loader", HubClient(seconds=8.0))
     port = free_port()
-    demo = app.build_demo()  # its selector lists COOLSD_MODELS as set now
+    demo = layout.build_demo()  # its selector lists COOLSD_MODELS as set now
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         server = type("Server", (), {"url": f"http://127.0.0.1:{port}/"})
@@ -335,9 +339,9 @@ NO_DRAFTER = "no-drafter"
 def no_drafter():
     """A tiny class model (16 tokens per image) without a draft model, chosen in the selector."""
     bundle = replace(random_bundle("tiny"), drafter=None, name=NO_DRAFTER)
-    app.MODELS.loaded[NO_DRAFTER] = bundle
+    STATE.models.loaded[NO_DRAFTER] = bundle
     yield bundle
-    del app.MODELS.loaded[NO_DRAFTER]
+    del STATE.models.loaded[NO_DRAFTER]
 
 
 def test_a_model_without_a_draft_model_starts_on_a_jacobi_window(no_drafter):
@@ -348,32 +352,32 @@ def test_a_model_without_a_draft_model_starts_on_a_jacobi_window(no_drafter):
     tokens = (lumina["image_size"] // 16) ** 2
     assert session.default_draft(SimpleNamespace(drafter=None, config=SimpleNamespace(image_tokens=tokens))) == \
         "jacobi:32:coupled"
-    assert session.default_draft(no_drafter) == "jacobi:8:coupled" and session.default_draft(app.BUNDLE) == "chain:5"
-    assert app.defaults(no_drafter)["draft"] == "jacobi:8:coupled"
+    assert session.default_draft(no_drafter) == "jacobi:8:coupled" and session.default_draft(STATE.bundle) == "chain:5"
+    assert inputs.defaults(no_drafter)["draft"] == "jacobi:8:coupled"
     names = [name for name in session.value_names() if name not in session.CONDITION]
-    assert dict(zip(names, app.on_reset(NO_DRAFTER)))["draft"] == "jacobi:8:coupled"
-    chosen = dict(zip(app.MODEL_OUTPUTS, app.on_model(NO_DRAFTER, models.DEFAULT, False, "tree:eagle25",
+    assert dict(zip(names, settings.on_reset(NO_DRAFTER)))["draft"] == "jacobi:8:coupled"
+    chosen = dict(zip(settings.MODEL_OUTPUTS, settings.on_model(NO_DRAFTER, models.DEFAULT, False, "tree:eagle25",
                                                       progress=no_progress)))
     assert chosen["draft"] == "jacobi:8:coupled" and chosen["model_state"] == NO_DRAFTER
-    kept = dict(zip(app.MODEL_OUTPUTS, app.on_model(NO_DRAFTER, models.DEFAULT, False, "jacobi:8",
+    kept = dict(zip(settings.MODEL_OUTPUTS, settings.on_model(NO_DRAFTER, models.DEFAULT, False, "jacobi:8",
                                                     progress=no_progress)))
     assert kept["draft"] == gr.skip()  # a window that fits stays the user's
-    back = dict(zip(app.MODEL_OUTPUTS, app.on_model(models.DEFAULT, NO_DRAFTER, False, "jacobi:8:coupled",
+    back = dict(zip(settings.MODEL_OUTPUTS, settings.on_model(models.DEFAULT, NO_DRAFTER, False, "jacobi:8:coupled",
                                                     progress=no_progress)))
     assert back["draft"] == gr.skip()  # and runs on the shipped model too
-    events = {fn.api_name: fn for fn in app.demo.fns.values()}
-    draft = app.demo.named["draft"]
+    events = {fn.api_name: fn for fn in DEMO.fns.values()}
+    draft = DEMO.named["draft"]
     assert draft in events["on_model"].inputs and draft in events["on_model"].outputs
 
 
 def test_every_method_runs_on_a_model_without_a_draft_model(no_drafter):
-    start = app.defaults(no_drafter)
+    start = inputs.defaults(no_drafter)
     for method in session.method_entries():
         values = controls(method=method, model=NO_DRAFTER, draft=start["draft"], class_name=no_drafter.class_names[0])
-        result = last(app.on_generate(*values, progress=no_progress))[5]
+        result = last(generation.on_generate(*values, progress=no_progress))[5]
         assert result.method.stats.tokens == 16 and result.method.stats.drafter_forwards == 0, method
         assert result.eagle.stats.draft == "jacobi:8:coupled"
-    answer = app.api_generate(method="COOL-SD", model=NO_DRAFTER, class_name=no_drafter.class_names[0])
+    answer = api.generate(method="COOL-SD", model=NO_DRAFTER, class_name=no_drafter.class_names[0])
     assert answer["method"]["stats"]["draft"] == "jacobi:8:coupled"  # the API's default draft follows the model
 
 
@@ -384,8 +388,8 @@ def test_every_method_runs_on_a_model_without_a_draft_model(no_drafter):
 ])
 def test_a_draft_the_model_cannot_run_is_one_readable_line(no_drafter, method, draft, needle):
     values = controls(method=method, model=NO_DRAFTER, draft=draft, class_name=no_drafter.class_names[0])
-    for call in (lambda: app.on_check(*values), lambda: list(app.on_generate(*values, progress=no_progress)),
-                 lambda: app.api_generate(method=method, draft=draft, model=NO_DRAFTER,
+    for call in (lambda: generation.on_check(*values), lambda: list(generation.on_generate(*values, progress=no_progress)),
+                 lambda: api.generate(method=method, draft=draft, model=NO_DRAFTER,
                                           class_name=no_drafter.class_names[0])):
         with pytest.raises(gr.Error) as error:
             call()
@@ -418,7 +422,7 @@ def test_presets_are_off_on_a_shared_space_unless_the_deployment_turns_them_on(m
     monkeypatch.setattr(models, "hub_cached", lambda value, directory=False: True)
 
     def listed() -> list[str]:
-        return [choice.key for choice in app.MODELS.choices() if choice.key in preset_names()]
+        return [choice.key for choice in STATE.models.choices() if choice.key in preset_names()]
 
     monkeypatch.delenv(models.PRESETS_ENV, raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
@@ -426,7 +430,7 @@ def test_presets_are_off_on_a_shared_space_unless_the_deployment_turns_them_on(m
     monkeypatch.setenv("SPACE_ID", "someone/coolsd")
     assert listed() == []
     with pytest.raises(ValueError, match="model must be one of"):
-        app.MODELS.key(preset_names()[0])
+        STATE.models.key(preset_names()[0])
     monkeypatch.setenv(models.PRESETS_ENV, "on")
     assert listed() == preset_names()
     monkeypatch.delenv("SPACE_ID")

@@ -21,7 +21,7 @@ from gradio_client import Client
 from playwright.sync_api import expect, sync_playwright
 from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_dir: a tiny text-to-image model)
 
-from coolsd.app import plots
+from coolsd.app.plots.style import PHONE_WIDTH
 from coolsd.app.session import value_names  # the order of the app's control values
 from coolsd.core.rules import omega_schedule
 from coolsd.models.bundle import Bundle, Drafter, Transformer, save_bundle
@@ -335,7 +335,7 @@ def test_browser_phone_width(server, browser, tmp_path):
     assert labels_over_plots == 0
     widths = page.evaluate("""() => [...document.querySelectorAll("[data-testid='matplotlib'] img, .matplotlib img")]
         .filter(i => i.getBoundingClientRect().width > 0).map(i => i.naturalWidth)""")
-    phone_px = round(plots.PHONE_WIDTH * 100)  # the app draws its figures at 100 dpi
+    phone_px = round(PHONE_WIDTH * 100)  # the app draws its figures at 100 dpi
     assert widths and all(abs(w - phone_px) <= 2 for w in widths), f"figures drawn for a desktop at 390 px: {widths}"
     shot = tmp_path / "phone.png"
     screenshot(page, shot)

@@ -197,7 +197,7 @@ def test_generate_writes_the_image_and_records_every_token(tiny, tmp_path, capsy
 
 
 def test_the_benchmark_runs_a_chameleon_model_on_the_example_prompts(tiny, tmp_path):
-    from coolsd.cli import bench
+    from coolsd.cli import bench, passes
     from coolsd.models.registry import EXAMPLE_PROMPTS
     out = tmp_path / "r.json"
     assert bench.main(["--model", str(tiny), "--methods", "ar", "eagle", "--draft", "chain:5", "--images", "2",
@@ -206,7 +206,7 @@ def test_the_benchmark_runs_a_chameleon_model_on_the_example_prompts(tiny, tmp_p
     assert {run["method"] for run in runs} == {"ar", "eagle"}
     for run in runs:  # finite: the forced tokens have likelihood 1 under the masked target
         assert np.isfinite(run["log_likelihood_per_token"])
-    conditions = bench.benchmark_conditions(load_bundle(tiny, device="cpu"))
+    conditions = passes.benchmark_conditions(load_bundle(tiny, device="cpu"))
     assert [condition.text for condition in conditions] == list(EXAMPLE_PROMPTS)
 
 
@@ -235,24 +235,24 @@ def test_the_app_generates_with_a_chameleon_directory_in_its_model_list(tiny, mo
     callbacks (image, Eagle-1 image, figures) and the API, the structural tokens where they belong."""
     from matplotlib.figure import Figure
 
-    import app
     from coolsd.app import models, session
+    from coolsd.app.web import api, generation, inputs, panels, runtime, settings
     monkeypatch.setenv(models.ENV, str(tiny))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(models, "hub_cached", lambda value, directory=False: False)
-    assert str(tiny) in [choice.key for choice in app.MODELS.choices()]
-    outputs = dict(zip(app.MODEL_OUTPUTS, app.on_model(str(tiny), models.DEFAULT, False, progress=lambda *a, **k: 0)))
+    assert str(tiny) in [choice.key for choice in runtime.start().models.choices()]
+    outputs = dict(zip(settings.MODEL_OUTPUTS, settings.on_model(str(tiny), models.DEFAULT, False, progress=lambda *a, **k: 0)))
     assert outputs["prompt_box"]["visible"] is True and outputs["class_name"]["visible"] is False
-    values = app.defaults()
+    values = inputs.defaults()
     values.update(model=str(tiny), prompt="a red fox", cfg_scale=3.0)
-    *_, (image, eagle_image, table, caption, _slider, result) = app.on_generate(
+    *_, (image, eagle_image, table, caption, _slider, result) = generation.on_generate(
         *[values[name] for name in session.value_names()], progress=lambda *a, **k: 0)
     assert image["value"].size == eagle_image["value"].size and image["value"].size[0] >= 64
     assert "a red fox" in caption and "speed-up vs AR" in table
     check_layout(result.method.tokens, 4)
-    figures = app.on_figures(result, "fid")
+    figures = generation.on_figures(result, "fid")
     assert all(isinstance(figure, Figure) for figure in figures[:6])
-    assert isinstance(app.on_replay(result, 0), Figure)
-    answer = app.api_generate(method="COOL-SD", seed=3, model=str(tiny), prompt="a red fox")
+    assert isinstance(panels.on_replay(result, 0), Figure)
+    answer = api.generate(method="COOL-SD", seed=3, model=str(tiny), prompt="a red fox")
     check_layout(answer["method"]["tokens"], 4)
     assert np.array(answer["method"]["pixels"]).shape == (64, 64, 3)

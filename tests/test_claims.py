@@ -6,7 +6,7 @@ from pathlib import Path
 
 from helpers import markdown_table
 
-from coolsd.cli import bench
+from coolsd.cli import bench, summaries
 from coolsd.app.claims import (
     CLAIMS,
     against_ar,
@@ -121,9 +121,9 @@ def test_log_likelihood_gap_ranks_the_distance_from_eagle_either_side():
     eagle = records([-2.0, -2.2, -2.1, -1.9])
     above = records([-1.9, -2.1, -2.0, -1.8])  # 0.1 above Eagle-1 on every image
     below = records([-2.05, -2.25, -2.15, -1.95])  # 0.05 below
-    gap = bench.log_likelihood_gap(above, below, eagle, seed=0)
+    gap = summaries.log_likelihood_gap(above, below, eagle, seed=0)
     assert abs(gap["value"] - 0.05) < 1e-12 and abs(gap["low"] - 0.05) < 1e-12  # a signed difference: 0.15
-    assert abs(bench.log_likelihood_gap(below, above, eagle, seed=0)["value"] + 0.05) < 1e-12
+    assert abs(summaries.log_likelihood_gap(below, above, eagle, seed=0)["value"] + 0.05) < 1e-12
 
 
 def test_direction_of_better_follows_the_measure():

@@ -10,7 +10,7 @@ import torch
 from helpers import count_generations
 from PIL import Image
 
-from coolsd.cli import bench, generate
+from coolsd.cli import bench, generate, passes, summaries
 from coolsd.cli.methods import parse_method
 from coolsd.core.rules import schema
 from coolsd.core.trees import parse_draft
@@ -313,7 +313,7 @@ def test_bench_batches_keep_the_results_and_time_every_batch_size(tmp_path, caps
 
 
 def test_bench_refuses_repeats_that_differ(capsys, monkeypatch):
-    real_generate = bench.generate_batch
+    real_generate = passes.generate_batch
     count = iter(range(10**6))
 
     def drifting(*args, **kwargs):
@@ -321,7 +321,7 @@ def test_bench_refuses_repeats_that_differ(capsys, monkeypatch):
         results[0].tokens[0] += next(count)  # as if decoding were not deterministic
         return results
 
-    monkeypatch.setattr(bench, "generate_batch", drifting)
+    monkeypatch.setattr(passes, "generate_batch", drifting)
     assert bench.main(["--methods", "eagle", "--images", "1", "--repeats", "2", "--warmup", "0", *TINY,
                        "--no-progress"]) == 1
     assert "not deterministic" in one_line_error(capsys)
@@ -337,8 +337,8 @@ class FakeQuality:
 
 
 def test_small_samples_warn(tmp_path, capsys, monkeypatch):
-    assert bench.sample_warnings(200, 128) == [] and bench.sample_warnings(2, None) == []
-    assert len(bench.sample_warnings(150, 128)) == 1 and "200" in bench.sample_warnings(150, 128)[0]
+    assert summaries.sample_warnings(200, 128) == [] and summaries.sample_warnings(2, None) == []
+    assert len(summaries.sample_warnings(150, 128)) == 1 and "200" in summaries.sample_warnings(150, 128)[0]
     def with_judge(args):
         bundle = random_bundle("tiny")
         bundle.quality = FakeQuality()

@@ -4,6 +4,7 @@ source (so a lazy import inside a function counts too), and the traps the layout
 from __future__ import annotations
 
 import ast
+import subprocess
 import importlib
 import json
 import sys
@@ -14,7 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "coolsd"
 
-# Which coolsd packages, and which third-party libraries, each package may import.
+# Which coolsd rooms, and which third-party libraries, each room may import. A room is a package, or a folder
+# inside one with rules of its own ("app/web", the Gradio app over the explorer's Gradio-free logic); a file
+# belongs to the deepest room that holds it, so "app" covers app/plots but not app/web.
 ALLOWED = {
     "core": ({"core"}, {"torch", "numpy"}),
     "models": ({"core", "models"}, {"torch", "numpy", "safetensors", "huggingface_hub", "transformers",
@@ -22,6 +25,7 @@ ALLOWED = {
     "toy": ({"core", "models", "toy", "distill"}, {"torch", "numpy", "safetensors", "torchmetrics", "tqdm", "PIL"}),
     "distill": ({"core", "models", "distill"}, {"torch", "numpy", "safetensors", "tqdm"}),
     "app": ({"core", "models", "app"}, {"torch", "numpy", "matplotlib", "PIL"}),
+    "app/web": ({"core", "models", "app", "app/web"}, {"torch", "gradio", "fastapi", "starlette", "spaces"}),
     # the command line draws the study's figures with the app's plotting code (bench --plots)
     "cli": ({"core", "models", "cli", "app"}, {"torch", "numpy", "tqdm", "PIL"}),
 }
@@ -38,38 +42,66 @@ def imports(path: Path) -> list[tuple[str, int]]:
     return found
 
 
+def room(parts: list[str] | tuple[str, ...]) -> str:
+    """The deepest room of :data:`ALLOWED` that holds the path ``parts`` below ``coolsd/`` (``coolsd`` itself for
+    the top-level modules)."""
+    for depth in range(len(parts), 0, -1):
+        if "/".join(parts[:depth]) in ALLOWED:
+            return "/".join(parts[:depth])
+    return "coolsd"
+
+
 def target_package(package: str, module: str, level: int) -> str | None:
-    """The coolsd package an import reaches (None for a library outside coolsd)."""
-    if level == 1:
-        return package
-    if level == 2:
-        return module.split(".")[0] or "coolsd"
-    if module == "coolsd" or module.startswith("coolsd."):
-        return module.split(".")[1] if "." in module else "coolsd"
-    return None
+    """The coolsd room an import reaches (None for a library outside coolsd), from a file in the folder
+    ``package`` (a path below ``coolsd/``, such as ``app/web``; empty for a file outside the package)."""
+    if level:
+        folder = package.split("/") if package else []
+        parts = folder[:len(folder) - level + 1] + (module.split(".") if module else [])
+    elif module == "coolsd" or module.startswith("coolsd."):
+        parts = module.split(".")[1:]
+    else:
+        return None
+    return room(parts)
+
+
+def room_files(package: str) -> list[Path]:
+    """The source files of a room: those below its folder that no deeper room holds."""
+    return [path for path in sorted((PACKAGE / package).rglob("*.py"))
+            if room(path.relative_to(PACKAGE).parent.parts) == package]
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_packages_import_only_what_the_layout_allows(package):
     ours, libraries = ALLOWED[package]
-    files = sorted((PACKAGE / package).glob("*.py"))
+    files = room_files(package)
     assert files, package
     for path in files:
+        folder = "/".join(path.relative_to(PACKAGE).parent.parts)
         for module, level in imports(path):
-            reached = target_package(package, module, level)
+            reached = target_package(folder, module, level)
             name = f"{'.' * level}{module}"
+            where = path.relative_to(PACKAGE)
             if reached is not None:
-                assert reached in ours, \
-                    f"{path.parent.name}/{path.name} imports {name}: {package} may not import {reached}"
+                assert reached in ours, f"{where} imports {name}: {package} may not import {reached}"
             else:
                 top = module.split(".")[0]
                 assert top in sys.stdlib_module_names or top in libraries or top == "__future__", \
-                    f"{path.parent.name}/{path.name} imports {name}: {package} may not depend on {top}"
+                    f"{where} imports {name}: {package} may not depend on {top}"
 
 
-def test_app_py_is_wiring_over_the_app_package():
+def test_app_py_is_an_entry_point_over_the_web_app():
     reached = {target_package("", module, level) for module, level in imports(ROOT / "app.py")}
-    assert reached - {None} <= {"app", "core", "models"}
+    assert reached - {None} <= {"app/web"}
+
+
+def test_rooms_are_found_below_their_package():
+    """The layout sees into sub-folders: a module of app/plots is app's, one of app/web is app/web's, and a
+    relative import from a sub-folder reaches the room it names."""
+    assert room(("app", "plots")) == "app" and room(("app", "web")) == "app/web" and room(()) == "coolsd"
+    assert target_package("app/plots", "series", 2) == "app"
+    assert target_package("app/web", "core.rules", 3) == "core"
+    assert target_package("app", "web.api", 1) == "app/web"
+    assert target_package("app/web", "", 1) == "app/web"
 
 
 def test_the_layout_test_fails_on_a_forbidden_import(tmp_path, monkeypatch):
@@ -83,6 +115,17 @@ def test_the_layout_test_fails_on_a_forbidden_import(tmp_path, monkeypatch):
     (bad / "leak.py").write_text("import gradio\n")
     with pytest.raises(AssertionError, match="core may not depend on gradio"):
         test_packages_import_only_what_the_layout_allows("core")
+    web, plots = tmp_path / "coolsd" / "app" / "web", tmp_path / "coolsd" / "app" / "plots"
+    web.mkdir(parents=True)
+    plots.mkdir(parents=True)
+    (web / "page.py").write_text("import gradio\nfrom ..session import Request\n")
+    test_packages_import_only_what_the_layout_allows("app/web")  # the web app may use Gradio
+    (plots / "leak.py").write_text("import gradio\n")  # the explorer's logic may not, in a sub-folder neither
+    with pytest.raises(AssertionError, match="app may not depend on gradio"):
+        test_packages_import_only_what_the_layout_allows("app")
+    (plots / "leak.py").write_text("from ..web import page\n")
+    with pytest.raises(AssertionError, match="app may not import app/web"):
+        test_packages_import_only_what_the_layout_allows("app")
 
 
 def test_command_line_modules_do_not_shadow_the_library():
@@ -172,3 +215,35 @@ def test_the_cycle_test_finds_direct_and_longer_cycles(tmp_path):
     (root / "f.py").write_text("from .a import thing\nfrom .sub.c import y\n")
     cycles = import_cycles(import_graph(root))
     assert cycles == [["pkg.a", "pkg.b", "pkg.a"], ["pkg.e", "pkg.sub.c", "pkg.sub.d", "pkg.e"]]
+
+
+IMPORT_WEB_APP = """
+import json, pkgutil, threading, importlib
+import coolsd.models.bundle as bundle
+loads = []
+bundle.load_bundle = lambda *args, **kwargs: loads.append("load_bundle")
+bundle.random_bundle = lambda *args, **kwargs: loads.append("random_bundle")
+import coolsd.app.web as web
+for module in pkgutil.iter_modules(web.__path__):
+    importlib.import_module(f"coolsd.app.web.{{module.name}}")
+from coolsd.app.web import runtime
+{planted}
+print(json.dumps({{"loads": loads, "threads": threading.active_count(), "started": runtime.RUNTIME is not None}}))
+"""
+
+
+def import_web_app(planted: str = "") -> dict:
+    """What importing every module of the web app does, in a fresh interpreter: model loads tried, Python
+    threads running, and whether the app's state exists."""
+    code = IMPORT_WEB_APP.format(planted=planted)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_web_app_loads_no_model_and_starts_no_thread():
+    """Every handler, the API and the layout can be imported for a test without starting the app: only
+    ``runtime.start`` (which app.py calls) loads a model; the check sees it when a module would call it."""
+    assert import_web_app() == {"loads": [], "threads": 1, "started": False}
+    assert import_web_app("runtime.Device.detect = lambda: runtime.Device(zero_gpu=True)\n"
+                          "try:\n    runtime.start()\nexcept Exception:\n    pass")["loads"] == ["load_bundle"]

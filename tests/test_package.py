@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_subpackage_is_listed_for_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {"coolsd"} | {f"coolsd.{p.parent.name}" for p in (ROOT / "coolsd").glob("*/__init__.py")}
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "coolsd").rglob("__init__.py")}
     assert listed == found | {"coolsd.assets"}
 
 

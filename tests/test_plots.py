@@ -18,7 +18,11 @@ from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from coolsd.app import plots, session
+from coolsd.app import plots, series, session
+from coolsd.app.plots.labels import LABEL_OFFSETS
+from coolsd.app.plots.maps import MOST_DEPTH_ENTRIES
+from coolsd.app.plots.rounds import NODE_STYLE, node_status, round_tree, tree_layout
+from coolsd.app.plots.style import ACCEPTED_COLOR, NOT_YET_COLOR, ORIGIN_STYLE, PHONE_WIDTH, REJECTED_EDGE
 from coolsd.core.stats import BONUS, FIRST, RESAMPLED, Candidate, GenerationStats, Round
 from coolsd.core.trees import parse_draft
 from coolsd.models.bundle import random_bundle
@@ -165,7 +169,7 @@ def test_phone_layout_stacks_side_by_side_panels(runs, shipped_study):
         top, below = (ax.get_window_extent() for ax in phone.axes[:2])
         assert right.x0 > left.x1 and abs(right.y0 - left.y0) < 0.2 * left.height  # side by side
         assert top.y0 > below.y1  # one above the other
-        assert phone.get_figwidth() == plots.PHONE_WIDTH
+        assert phone.get_figwidth() == PHONE_WIDTH
 
 
 def test_every_figure_has_a_title(figures):
@@ -259,7 +263,7 @@ def test_tradeoff_labels_every_point_of_the_default_series(bench_runs, narrow):
     fig = plots.tradeoff(bench_runs, None, y_key="fid", narrow=narrow)
     (ax,) = fig.axes
     drawn = [run for run in bench_runs if plots.family(run) in plots.default_families(bench_runs)]
-    assert sorted(t.get_text() for t in ax.texts) == sorted(plots.point_label(run) for run in drawn)
+    assert sorted(t.get_text() for t in ax.texts) == sorted(series.point_label(run) for run in drawn)
     assert {"δ=2", "δ=1.1", "k=10, λ=5", "k=5, λ=2", "AR", "Eagle-1"} <= {t.get_text() for t in ax.texts}
 
 
@@ -275,7 +279,7 @@ def test_point_labels_cover_no_marker_and_no_other_label(figures):
 
 def laid_out_label_box(ax, renderer, xy, text, size, placed):
     """The placement by definition: lay the label out at every offset in turn and measure it there."""
-    for dx, dy in plots.LABEL_OFFSETS:
+    for dx, dy in LABEL_OFFSETS:
         label = ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=size,
                             ha="left" if dx > 0 else "right")
         label.update_positions(renderer)
@@ -303,7 +307,7 @@ def test_labels_placed_by_moving_one_layout_match_laying_out_every_offset(bench_
         return [placements(fig) for fig in made]
 
     fast = draw()
-    monkeypatch.setattr(plots, "_free_label_box", laid_out_label_box)
+    monkeypatch.setattr("coolsd.app.plots.labels._free_label_box", laid_out_label_box)
     reference = draw()
     assert fast == reference
     sides = {ha for fig in fast for *_, ha in fig}
@@ -347,11 +351,11 @@ def test_tradeoff_draws_the_default_series_and_the_others_on_demand(bench_runs):
 
 def test_display_names_match_the_app():
     for label, (method, fixed) in session.method_entries().items():
-        assert plots.method_name(method, fixed) == label
+        assert series.method_name(method, fixed) == label
     run = {"method": "lantern", "params": {"k": 10, "lambda": 5, "residual": "gstar"}}
-    assert (plots.family_name(run), plots.point_label(run)) == ("LANTERN++ with G*", "k=10, λ=5")
+    assert (series.family_name(run), series.point_label(run)) == ("LANTERN++ with G*", "k=10, λ=5")
     run = {"method": "cool", "params": {"delta": 2, "nu": 0.3, "schedule": "linear"}}
-    assert (plots.family_name(run), plots.point_label(run)) == ("COOL-SD (ν=0.3, linear)", "δ=2")
+    assert (series.family_name(run), series.point_label(run)) == ("COOL-SD (ν=0.3, linear)", "δ=2")
     assert plots.family(run) == "cool (nu=0.3, schedule=linear)"  # the internal series key is unchanged
 
 
@@ -457,8 +461,8 @@ def test_drafter_free_series_keys_tell_the_windows_apart():
              if ax.get_title().startswith("Jacobi windows of 8")]
     assert [c.get_label() for c in ax.containers] == ["SCD"]
     named = {"method": "gsd", "params": {"residual": "gstar"}, "draft": "jacobi:16:point"}
-    assert plots.family_name(named) == "GSD with G*"
-    assert plots.family_name(dict(named, draft="jacobi:16:gumbel")) == "GSD with G* on Gumbel coupling, uniform fresh"
+    assert series.family_name(named) == "GSD with G*"
+    assert series.family_name(dict(named, draft="jacobi:16:gumbel")) == "GSD with G* on Gumbel coupling, uniform fresh"
 
 
 def test_study_acceptance_shows_each_familys_named_point():
@@ -533,7 +537,7 @@ def test_study_labels_its_points_with_their_strength(shipped_study, narrow):
                  and plots.panel_title(plots.panel(r["draft"])) == ax.get_title()
                  and plots.family(r) in plots.default_families(shipped_study["runs"], study=True)]
         labels = [t.get_text() for t in ax.texts]
-        assert len(labels) >= len(drawn) / 2 and set(labels) <= {plots.point_label(r) for r in drawn}
+        assert len(labels) >= len(drawn) / 2 and set(labels) <= {series.point_label(r) for r in drawn}
         assert {"δ=1.1", "δ=2", "δ=4"} <= set(labels)
 
 
@@ -579,19 +583,19 @@ def test_replay_marks_every_drafted_node_with_what_verification_made_of_it(narro
     untested = [n for n in range(1, 26) if n not in ACCEPTED_NODES + REJECTED_NODES + INVALID_NODES]
     expected = {"accepted": ACCEPTED_NODES, "rejected": REJECTED_NODES, "invalid": INVALID_NODES,
                 "not tested": untested}
-    status = plots.node_status(current)
+    status = node_status(current)
     assert {name: [n for n in range(1, 26) if status[n - 1] == name] for name in expected} == expected
     fig = plots.replay(np.zeros((16, 16), dtype=np.uint8), stats, (4, 4), 1, narrow=narrow)
     ax = tree_axes(fig)
     drawn = {c.get_label(): c.get_offsets() for c in ax.collections if c.get_label() in expected}
-    at = plots.tree_layout(tree)
+    at = tree_layout(tree)
     for name, nodes in expected.items():
         assert np.allclose(drawn[name], at[nodes]), name
         assert list(drawn[name][:, 0]) == [tree.depths[n] for n in nodes]  # x is the node's depth
     assert sum(len(offsets) for offsets in drawn.values()) == tree.size
     (emitted,) = [c for c in ax.collections if c.get_label() == RESAMPLED]
     assert np.allclose(emitted.get_offsets(), [[2.5, at[5][1]]])  # half a depth after node 5, the last accepted
-    assert np.allclose(emitted.get_facecolor()[0], to_rgba(plots.ORIGIN_STYLE[RESAMPLED][0]))
+    assert np.allclose(emitted.get_facecolor()[0], to_rgba(ORIGIN_STYLE[RESAMPLED][0]))
     assert "R" in [t.get_text() for t in ax.texts]
     assert ax.get_title().replace("\n", " ") == "drafted tree: 25 nodes (2 invalid), 5 tested, 2 accepted"
 
@@ -608,10 +612,10 @@ def test_replay_marks_the_rounds_cells_on_the_image(narrow):
         (x0, y0), (x1, y1) = path.get_extents().get_points()
         assert np.allclose([x1 - x0, y1 - y0], 4)  # a 16-pixel image of 4 x 4 tokens: 4-pixel cells
         drawn.append((round((x0 + 0.5) / 4) + 4 * round((y0 + 0.5) / 4), tuple(face), tuple(edge)))
-    accepted, resampled = to_rgba(plots.ACCEPTED_COLOR, 0.45), to_rgba(plots.ORIGIN_STYLE[RESAMPLED][0], 0.45)
-    not_yet = to_rgba(plots.NOT_YET_COLOR, 1.0)  # opaque: the finished image must not show through
+    accepted, resampled = to_rgba(ACCEPTED_COLOR, 0.45), to_rgba(ORIGIN_STYLE[RESAMPLED][0], 0.45)
+    not_yet = to_rgba(NOT_YET_COLOR, 1.0)  # opaque: the finished image must not show through
     expected = [(1, accepted, accepted), (2, accepted, accepted), (3, resampled, resampled),  # a patch's alpha
-                (3, (0, 0, 0, 0), to_rgba(plots.REJECTED_EDGE))]  # applies to its edge too; the outline is opaque
+                (3, (0, 0, 0, 0), to_rgba(REJECTED_EDGE))]  # applies to its edge too; the outline is opaque
     expected += [(cell, not_yet, not_yet) for cell in range(4, 16)]  # no edge line: lw=0
     assert sorted(index for index, *_ in drawn) == sorted(index for index, *_ in expected)
     for (index, face, edge), (want_index, want_face, want_edge) in zip(sorted(drawn), sorted(expected)):
@@ -625,13 +629,13 @@ def test_replay_cuts_the_tree_to_the_round_near_the_image_end():
     stats, current = hand_made_round(nodes=12)
     current.tested = current.tested[:2]  # both accepted: the path ends at depth 2, then a bonus
     current.next_origin = BONUS
-    tree = plots.round_tree(stats, current)
+    tree = round_tree(stats, current)
     assert (tree.size, tree.depth) == (12, 2)
     ax = tree_axes(plots.replay(np.zeros((16, 16), dtype=np.uint8), stats, (4, 4), 1))
-    offsets = np.concatenate([c.get_offsets() for c in ax.collections if c.get_label() in plots.NODE_STYLE])
+    offsets = np.concatenate([c.get_offsets() for c in ax.collections if c.get_label() in NODE_STYLE])
     assert len(offsets) == 12 and offsets[:, 0].max() == 2
     (bonus,) = [c for c in ax.collections if c.get_label() == BONUS]
-    assert np.allclose(bonus.get_facecolor()[0], to_rgba(plots.ORIGIN_STYLE[BONUS][0]))
+    assert np.allclose(bonus.get_facecolor()[0], to_rgba(ORIGIN_STYLE[BONUS][0]))
 
 
 def test_replay_of_the_prefill_says_nothing_was_drafted():
@@ -742,7 +746,7 @@ def test_many_accepted_depths_share_legend_entries():
 
     assert depth_entries([1, 2, 3, 5, 8]) == [f"draft, depth {d}" for d in (1, 2, 3, 5, 8)]
     wide = depth_entries(range(1, 21))
-    assert len(wide) == plots.MOST_DEPTH_ENTRIES and wide[0] == "draft, depth 1–3" and wide[-1].endswith("–20")
+    assert len(wide) == MOST_DEPTH_ENTRIES and wide[0] == "draft, depth 1–3" and wide[-1].endswith("–20")
     covered = [d for text in wide for low, _, high in [text.split()[-1].partition("–")]
                for d in range(int(low), int(high or low) + 1)]
     assert covered == list(range(1, 21))

@@ -7,7 +7,8 @@ import gradio as gr
 import pytest
 import torch
 
-from coolsd.app import plots, session
+from coolsd.app import plots, series, session
+from coolsd.app.controls import method_boxes
 from coolsd.cli import bench, generate
 from coolsd.cli.methods import parse_method
 from coolsd.core.params import Param
@@ -78,30 +79,30 @@ def test_the_benchmark_runs_it(half, tmp_path):
 
 
 def test_the_plots_name_it(half):
-    assert plots.method_name("half") == "Half-relaxed"
+    assert series.method_name("half") == "Half-relaxed"
     run = {"method": "half", "params": {"strength": 1.5}}
-    assert (plots.family(run), plots.family_name(run), plots.point_label(run)) == ("half", "Half-relaxed",
+    assert (plots.family(run), series.family_name(run), series.point_label(run)) == ("half", "Half-relaxed",
                                                                                   "strength=1.5")
 
 
 def test_the_app_lists_it_with_its_own_control(half):
-    import app
+    from coolsd.app.web import layout, runtime, settings
 
     assert session.method_entries()["Half-relaxed"] == ("half", {})
     control = next(control for control in session.method_controls() if control.name == "strength")
     assert control.labels == {"Half-relaxed"} and control.schema is STRENGTH
-    demo = app.build_demo()
+    demo = layout.build_demo(runtime.start())
     ui = demo.named
     assert ("Half-relaxed", "Half-relaxed") in ui["method"].choices
     strength = ui["strength"]
     assert isinstance(strength, gr.Slider) and strength.label == STRENGTH.label
     assert (strength.minimum, strength.maximum, strength.step, strength.value) == (1.0, 3.0, 0.1, 2.0)
-    boxes = app.method_boxes()
+    boxes = method_boxes()
     box = next(i for i, (_, items) in enumerate(boxes) if "strength" in items)
     assert boxes[box][0] == {"Half-relaxed"}
 
     def shown(method):
-        return [update["visible"] for update in app.on_method(method)]
+        return [update["visible"] for update in settings.on_method(method)]
 
     assert shown("Half-relaxed")[box] and shown("Half-relaxed")[-1]  # its box, and the draft (it drafts)
     assert sum(shown("Half-relaxed")[:-1]) == 1  # no other method's controls
@@ -109,22 +110,23 @@ def test_the_app_lists_it_with_its_own_control(half):
 
 
 def test_the_app_generates_with_it(half):
-    import app
+    from coolsd.app.web import api, generation, inputs, panels, runtime
 
-    values = {**app.defaults(), "method": "Half-relaxed", "strength": 1.5, "draft": "tree:eagle25"}
+    state = runtime.start()  # the app's state, as app.py makes it
+    values = {**inputs.defaults(), "method": "Half-relaxed", "strength": 1.5, "draft": "tree:eagle25"}
     ordered = [values[name] for name in session.value_names()]
-    *_, (image, _, table, caption, _, result) = app.on_generate(*ordered, progress=no_progress)
+    *_, (image, _, table, caption, _, result) = generation.on_generate(*ordered, progress=no_progress)
     assert image["label"] == "Half-relaxed (tree:eagle25)" and "Half-relaxed" in table and "Half-relaxed" in caption
     assert result.method.stats.method == "half" and result.method.stats.params == {"strength": 1.5}
-    assert result.method.stats.tokens == app.BUNDLE.config.image_tokens
-    figures = app.on_figures(result, "fid")
+    assert result.method.stats.tokens == state.bundle.config.image_tokens
+    figures = generation.on_figures(result, "fid")
     assert figures[0] is not None and "E[N]" in figures[6]
-    assert "E[N]" in app.on_theory(result, *ordered, "toy distributions", 0, False)[1]
+    assert "E[N]" in panels.on_theory(result, *ordered, "toy distributions", 0, False)[1]
     # typed out of range (its box's own check warns and sets it back): the generation runs at the range's end
-    *_, (*_, clamped) = app.on_generate(*[{**values, "strength": 4}[name] for name in session.value_names()],
+    *_, (*_, clamped) = generation.on_generate(*[{**values, "strength": 4}[name] for name in session.value_names()],
                                         progress=no_progress)
     assert clamped.request.param_dict == {"strength": 3.0}
     with pytest.raises(ValueError, match="strength must be between 1 and 3"):
-        session.parse_controls(app.BUNDLE, [{**values, "strength": 4}[name] for name in session.value_names()])
-    answer = app.api_generate(method="Half-relaxed", seed=1)  # the API's 15 parameters: strength at its default
+        session.parse_controls(state.bundle, [{**values, "strength": 4}[name] for name in session.value_names()])
+    answer = api.generate(method="Half-relaxed", seed=1)  # the API's 15 parameters: strength at its default
     assert answer["method"]["stats"]["params"] == {"strength": 2.0}

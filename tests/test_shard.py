@@ -107,8 +107,9 @@ def test_a_timed_image_may_differ_from_a_sample_made_at_another_batch_size_but_n
     flipped: such a timing is kept and flagged (the result counts it); at the sample's own batch size a
     difference is still an error."""
     from types import SimpleNamespace
-    from coolsd.cli.bench import NotDeterministic, batch_warnings, keep_samples
+    from coolsd.cli.passes import NotDeterministic, keep_samples
     from coolsd.cli.study import Records
+    from coolsd.cli.summaries import batch_warnings
     records = Records()
     configuration = Configuration("eagle", {}, EMPTY, "eagle")
     for image, tokens in ((0, [1, 2]), (1, [3, 4])):

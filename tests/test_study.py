@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import count_generations
 
-from coolsd.cli import bench
+from coolsd.cli import bench, summaries
 from coolsd.cli.methods import parse_method
 from coolsd.cli.study import Configuration, read_records
 from coolsd.core.stats import bootstrap_interval, frechet_distance
@@ -104,7 +104,7 @@ def test_quality_differences_are_paired_over_images(tmp_path, monkeypatch):
     assert cool["judge_accuracy"] == correct["cool:delta=4"].mean()
     f, e = features["cool:delta=4"], features["eagle"]
     assert cool["vs_eagle"]["fid"] == bootstrap_interval(12, lambda i: judge.fid(f[i]) - judge.fid(e[i]),
-                                                         resamples=bench.FID_RESAMPLES, seed=0)
+                                                         resamples=summaries.FID_RESAMPLES, seed=0)
     c, ce = correct["cool:delta=4"], correct["eagle"]
     assert cool["vs_eagle"]["judge_accuracy"] == bootstrap_interval(12, lambda i: c[i].mean() - ce[i].mean())
     assert cool["vs_eagle"]["fid"]["high"] > cool["vs_eagle"]["fid"]["low"]  # the images differ: a real interval
@@ -256,7 +256,7 @@ def test_pairs_across_drafts_compare_one_method_and_setting_on_two_drafts():
         ("eagle", "jacobi:8"), ("eagle", "jacobi:8:coupled"), ("eagle", "jacobi:8:gumbel"),
         ("eagle", "jacobi:8:coupled:point"), ("eagle", "jacobi:16"), ("cool:delta=2", "jacobi:8:coupled"),
         ("cool:delta=2", "jacobi:8"), ("gsd", "jacobi:8:point")])
-    pairs = {(a, b, aspect) for a, b, aspect in bench.draft_pairs(configurations)}
+    pairs = {(a, b, aspect) for a, b, aspect in summaries.draft_pairs(configurations)}
     assert pairs == {(4, 3, "refresh"), (5, 3, "refresh"),  # jacobi:8:coupled:point has no independent :point
                      (3, 0, "lossless_source"), (4, 0, "lossless_source"), (5, 0, "lossless_source"),
                      (6, 0, "lossless_source"), (7, 0, "lossless_source"), (8, 1, "relaxed_source")}

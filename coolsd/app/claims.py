@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.rules import rule_spec
+from .series import FAMILY_NAMES
 
 QUALITY = ("log_likelihood_per_token", "fid", "judge_accuracy")
 # A relaxed method can move the target's log-likelihood of its tokens either way from Eagle-1's (down: less
@@ -128,7 +129,6 @@ def comparisons(result: dict) -> list[str]:
     return lines
 
 
-FAMILY_NAMES = {"cool": "COOL-SD", "lantern": "LANTERN++", "uniform": "UniformRSD", "gsd": "GSD"}
 DOMINANCE_PAIRS = (("cool", "lantern"), ("lantern", "cool"), ("cool", "uniform"), ("uniform", "cool"))
 
 
@@ -185,9 +185,10 @@ def gsd_against_cool(result: dict) -> list[str]:
         cool = [r for r in runs if r["method"] == "cool" and r["draft"].split(":")[1] == length]
         if not gsd or not cool:
             continue
-        for winners, others, a, b in ((cool, gsd, "COOL-SD", "GSD"), (gsd, cool, "GSD", "COOL-SD")):
-            lines.append(f"* jacobi:{length}: {beaten(winners, others, distance)} of {len(others)} {b} points are matched or beaten on "
-                         f"both tau and the log-likelihood's distance from AR by a {a} point")
+        for winners, others, a, b in ((cool, gsd, "cool", "gsd"), (gsd, cool, "gsd", "cool")):
+            lines.append(f"* jacobi:{length}: {beaten(winners, others, distance)} of {len(others)} {FAMILY_NAMES[b]} "
+                         "points are matched or beaten on both tau and the log-likelihood's distance from AR by a "
+                         f"{FAMILY_NAMES[a]} point")
     return ["GSD against COOL-SD at equal tau (point estimates):", ""] + lines if lines else []
 
 

@@ -1,5 +1,6 @@
 """How the explorer lays out each method's controls, derived from the rule registry and independent of Gradio:
-which controls exist, their starting values, which method entries show them, and how they group into boxes."""
+which controls exist, their starting values (a model's own included), which method entries show them, and how they
+group into boxes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Any
 
 from ..core.params import Choice, Param, show_number
 from ..core.rules import RULES
-from . import session
+from ..models.bundle import Bundle
+from ..models.registry import EXAMPLE_PROMPTS
+from . import models, session
 
 OMEGA_LINE = "omega_line"  # COOL-SD's computed mu and omegas, shown under its controls
+DEFAULT_METHOD = "COOL-SD"
 
 
 def slider_start(param: Param, maximum: float | None = None) -> float:
@@ -26,6 +30,24 @@ def control_defaults(control: session.MethodControl) -> dict[str, Any]:
         return {control.name: param.default}
     ticked = {name: param.default == word for name, word in control.words.items()}
     return {**ticked, control.name: slider_start(param)}
+
+
+def model_defaults(bundle: Bundle) -> dict[str, Any]:
+    """A model's own starting values: its default class (the second, as before) and its sampling settings."""
+    names, sampling = bundle.class_names, bundle.sampling
+    return {"class_name": names[1] if len(names) > 1 else (names[0] if names else None),
+            "cfg_scale": sampling.cfg_scale, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p}
+
+
+def defaults(bundle: Bundle) -> dict[str, Any]:
+    """Every control's starting (and Reset) value by value name (``session.value_names``), read from the rule
+    registry now; class, sampling and draft from ``bundle``."""
+    values: dict[str, Any] = {"method": DEFAULT_METHOD}
+    for control in session.method_controls():
+        values.update(control_defaults(control))
+    return {**values, "draft": session.default_draft(bundle), "seed": 0, **model_defaults(bundle),
+            "model": models.DEFAULT, "prompt": EXAMPLE_PROMPTS[0]}
 
 
 def layout_items() -> list[tuple[str, frozenset[str]]]:

@@ -12,7 +12,7 @@ from matplotlib.colors import to_rgb
 from PIL import Image, ImageDraw, ImageFont
 
 from ..core.stats import RESAMPLED, GenerationStats, Round
-from .plots import ACCEPTED_COLOR, NOT_YET_COLOR, ORIGIN_STYLE, REJECTED_EDGE
+from .plots.style import ACCEPTED_COLOR, NOT_YET_COLOR, ORIGIN_STYLE, REJECTED_EDGE
 
 TINT = 0.45  # the colour's share in a marked cell (the Acceptance maps' alpha)
 RACE_SECONDS = 4.0  # the slowest lane of a race takes this long on screen

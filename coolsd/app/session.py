@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..core.decode import Generation, Watch, generate, generate_batch
-from ..core.params import PROMPT_CHARS as PROMPT_CHARS  # the prompt box's limit (app.py)
+from ..core.params import PROMPT_CHARS as PROMPT_CHARS  # the prompt box's limit (the page's and the API's)
 from ..core.params import Choice, Param, check, check_prompt, number, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig

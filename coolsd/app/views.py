@@ -22,7 +22,7 @@ from ..core.rules import RULES, AcceptanceRule, ModelTables, build_rule, omega_s
 from ..core.theory import captured_theory, chain_theory, toy_chain, toy_neighbours
 from ..core.trees import JacobiWindow, parse_draft
 from ..models.bundle import Bundle
-from . import frames, plots
+from . import frames, plots, series
 from .session import DRAFTS, Comparison, Request, choice, flag, method_entries
 
 DISPLAY_SCALE = 10
@@ -68,11 +68,11 @@ def image_labels(request: Request) -> tuple[str, str]:
     return (f"{request.label} ({request.draft})" if RULES[request.method].drafts else request.label), eagle
 
 
-# What each refresh of a Jacobi window does, and what Eagle-1's lossless test on such a window is known as.
+# What each refresh of a Jacobi window does (what Eagle-1's lossless test on it is known as: series.EAGLE_ON_WINDOW).
 REFRESH_WORDS = {
-    "independent": ("redraws them from its new rows each round", "SJD"),
-    "coupled": ("keeps old drafts where a maximal coupling with its new rows allows", "SCD"),
-    "gumbel": ("redraws them with the same Gumbel noise per position each round", "SJD with Gumbel coupling"),
+    "independent": "redraws them from its new rows each round",
+    "coupled": "keeps old drafts where a maximal coupling with its new rows allows",
+    "gumbel": "redraws them with the same Gumbel noise per position each round",
 }
 FRESH_WORDS = {"uniform": "", "point": " (new positions: random tokens, tested as a point mass)"}
 
@@ -85,7 +85,7 @@ def draft_note(draft) -> str:
     except ValueError as error:
         return f"⚠️ *{plain(str(error))}*"
     if isinstance(tree, JacobiWindow):
-        refresh, known_as = REFRESH_WORDS[tree.refresh]
+        refresh, known_as = REFRESH_WORDS[tree.refresh], series.EAGLE_ON_WINDOW[tree.refresh]
         return (f"**Jacobi window**, no draft model: the target drafts its next {tree.depth} tokens itself and "
                 f"{refresh}{FRESH_WORDS[tree.fresh]}. Eagle-1 here is {known_as}.")
     if tree.is_chain:
@@ -396,7 +396,7 @@ def tradeoff_families(bundle: Bundle) -> tuple[dict[str, str], list[str]]:
 def setting_name(request: Request) -> str:
     """The current setting in the figures' words, e.g. ``COOL-SD (μ=auto, ν=0.7, exp), δ=2.5, chain:5``."""
     run = {"method": request.method, "params": request.param_dict}
-    parts = [plots.family_name(run)] + [plots.point_label(run)] * bool(plots.swept(request.method))
+    parts = [series.family_name(run)] + [series.point_label(run)] * bool(series.swept(request.method))
     return ", ".join(parts + [request.draft] * RULES[request.method].drafts)
 
 

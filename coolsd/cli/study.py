@@ -1,6 +1,6 @@
 """The benchmark as a study: configurations (a method on a draft) times images as work items, records that a
 rerun continues from, the split of the items over torch.distributed processes and their merge on rank 0.
-What is generated and how it is summarised stays in :mod:`coolsd.cli.bench`."""
+What is generated and how it is summarised stays in :mod:`coolsd.cli.passes` and :mod:`coolsd.cli.summaries`."""
 
 from __future__ import annotations
 

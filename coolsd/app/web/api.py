@@ -1,0 +1,142 @@
+"""The public API: ``/generate`` and ``/generate_batch`` (the only endpoints; docs/app.md), their answers' types,
+and how an API call's values become a validated request, with the same readable errors as the page's."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+from ...core.params import check, shorten
+from ...core.rules import schema
+from ...models.bundle import Bundle
+from .. import session, views
+from ..controls import model_defaults
+from .inputs import checked, defaults
+from .runtime import current
+
+API_DRAFT = "chain:5"  # the API's documented default draft (a model without a draft model takes its own instead)
+MODEL_VALUES = ("class_name", "cfg_scale", "temperature", "top_k", "top_p")  # None: the chosen model's own
+GSD_DEFAULTS = [schema(name).default for name in ("ranks", "gap", "dist")]
+# values added to the API later, last: clients may leave them out (/generate's model and prompt, then GSD's)
+OPTIONAL_TRAILING = {"generate": ["", "", *GSD_DEFAULTS], "generate_batch": GSD_DEFAULTS}
+
+
+class Run(TypedDict):
+    """One generation: its image tokens, the decoded picture, and its statistics."""
+
+    tokens: list[int]
+    pixels: list[list[int]]
+    png_base64: str
+    stats: dict[str, Any]
+
+
+class GenerateResult(TypedDict):
+    """``/generate``'s answer: the chosen method's run, lossless Eagle-1's run on the same class and seed, and
+    the latencies of AR, Eagle-1 and the method from interleaved repeats (None when ``timing_repeats`` is 0)."""
+
+    method: Run
+    eagle: Run
+    timing: dict[str, Any] | None
+
+
+def generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: str = "auto", k: int = 10,
+             lam: float = 5.0, draft: str = API_DRAFT, class_name: str | None = None, seed: int = 0,
+             cfg_scale: float | None = None, temperature: float | None = None, top_k: int | None = None,
+             top_p: float | None = None, schedule: str = "exp", timing_repeats: int = 0, model: str = "",
+             prompt: str = "", ranks: int = 7, gap: float = 0.15, dist: float = 0.5) -> GenerateResult:
+    """Generate with one method and with lossless Eagle-1: both images (PNG base64 and pixels), tokens and
+    statistics. ``mu`` is "auto" or a number. ``timing_repeats`` > 0 also times AR, Eagle-1 and the method
+    that many times each, interleaved. ``model``: one of the app's model choices (empty: the default model);
+    a text model takes ``prompt`` instead of ``class_name``; with another model, a class or sampling value left
+    at its default stands for that model's default, and so does the draft ``chain:5`` on a model without a draft
+    model. ``ranks``, ``gap``, ``dist``: GSD's (last, so that older clients keep their positions). Parameter
+    ranges: see docs/app.md."""
+    request = api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k,
+                          top_p, schedule, model, prompt, ranks, gap, dist)
+    repeats = checked(lambda: check("timing_repeats", timing_repeats))
+    state = current()
+    result = checked(lambda: state.compare(request, None))
+    if repeats:
+        result.timing = checked(lambda: state.measure(request, repeats))  # on ZeroGPU too, like the UI's timing
+    return views.api_payload(result)
+
+
+def generate_batch(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: str = "auto", k: int = 10,
+                   lam: float = 5.0, draft: str = API_DRAFT, class_name: str | None = None,
+                   seeds: list[int] = [0, 1, 2, 3], cfg_scale: float | None = None,  # noqa: B006
+                   temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                   schedule: str = "exp", model: str = "", prompt: str = "", ranks: int = 7, gap: float = 0.15,
+                   dist: float = 0.5) -> dict:
+    """As ``/generate``, for a list of 1 to 16 seeds decoded as one batch per method (each image gets the
+    tokens it gets alone, spec section 9): per seed both images, tokens and statistics, and each batch's seconds.
+    No timing repeats (``/generate`` measures them)."""
+    checked_seeds = checked(lambda: session.check_seeds(seeds))
+    request = api_request(method, delta, nu, mu, k, lam, draft, class_name, checked_seeds[0], cfg_scale, temperature,
+                          top_k, top_p, schedule, model, prompt, ranks, gap, dist)
+    return views.api_batch_payload(checked(lambda: current().compare_batch(request, checked_seeds)))
+
+
+def documented(endpoint: Callable, start: dict[str, Any]) -> Callable:
+    """``endpoint`` as Gradio lists and calls it: its model-dependent values (``MODEL_VALUES``, None in Python:
+    the chosen model's own) default to the default model's ``start`` values, with their plain types, so that the
+    API page shows the values a call that leaves them out gets."""
+    hints = typing.get_type_hints(endpoint)
+    parameters = [parameter.replace(annotation=hints[name]) if name not in MODEL_VALUES else
+                  parameter.replace(annotation=not_none(hints[name]), default=start[name])
+                  for name, parameter in inspect.signature(endpoint).parameters.items()]
+
+    @functools.wraps(endpoint)
+    def call(*args, **kwargs):
+        return endpoint(*args, **kwargs)
+
+    call.__signature__ = inspect.Signature(parameters, return_annotation=hints["return"])
+    call.__annotations__ = {**{parameter.name: parameter.annotation for parameter in parameters},
+                            "return": hints["return"]}
+    return call
+
+
+def not_none(hint):
+    """``X`` for ``X | None``."""
+    return typing.Union[tuple(arg for arg in typing.get_args(hint) if arg is not type(None))]  # noqa: UP007
+
+
+def api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k, top_p,
+                schedule, model, prompt, ranks=7, gap=0.15, dist=0.5) -> session.Request:
+    """An API call's values validated into a request (readable errors, as the UI's)."""
+    params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule, "ranks": ranks,
+              "gap": gap, "dist": dist}
+    state = current()
+    bundle = checked(lambda: state.models.get(model))
+    key = state.models.key(model)
+    start = defaults(state.bundle)
+    checked(lambda: refuse_unused(bundle, method, params, class_name, prompt, start))
+    if draft == API_DRAFT and not session.suits(bundle, draft):  # the documented default, on a model it does not fit
+        draft = session.default_draft(bundle)
+    given = {"class_name": class_name, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
+             "top_p": top_p}
+    given = {name: start[name] if value is None else value for name, value in given.items()}
+    if bundle is not state.bundle:  # the documented defaults are the default model's: untouched ones follow the model
+        own = model_defaults(bundle)
+        given = {name: own[name] if isinstance(value, (str, int, float)) and value == start[name] else value
+                 for name, value in given.items()}
+    return checked(lambda: session.parse_request(
+        bundle, method, params, draft, given["class_name"], seed, given["cfg_scale"], given["temperature"],
+        given["top_k"], given["top_p"], prompt=prompt, model=key))
+
+
+def refuse_unused(bundle: Bundle, method, params: dict, class_name, prompt, start: dict[str, Any]) -> None:
+    """A ValueError for an API value the request cannot use, as the command line refuses one: another
+    method's parameter set off its default, a prompt for a class model, a class for a text model (``start``: the
+    default model's starting values)."""
+    if isinstance(method, str) and method in session.method_entries():  # else parse_request names the bad one
+        session.refuse_foreign(method, params)
+    text = session.text_model(bundle)
+    if not text and isinstance(prompt, str) and prompt.strip():
+        raise ValueError(f"prompt is for text-to-image models; {bundle.name} is a class-to-image model: give "
+                         f"class_name, not prompt (got a prompt of {len(prompt)} characters)")
+    if text and class_name not in (None, "", start["class_name"]):
+        raise ValueError(f"class_name is for class-to-image models; {bundle.name} is a text-to-image model: give "
+                         f"prompt, not class_name (got {shorten(class_name)})")

@@ -1,0 +1,146 @@
+"""Generate's handlers, in the order one click runs them: check the setting, decode both images while showing
+them drawn, then the figures, then the timing run, then the race. Each later step belongs to its click: a newer
+click of the same browser session makes it stale, and it shows nothing (:func:`stale`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from concurrent.futures import wait
+
+import gradio as gr
+
+from ...core.params import clip
+from .. import frames, session, views
+from .inputs import checked, parse, session_of
+from .panels import theory_outputs, tradeoff_outputs
+from .runtime import current
+
+log = logging.getLogger("coolsd.app")
+LIVE_INTERVAL = session.LIVE_INTERVAL  # (on_generate's parameter ``session`` hides the module)
+RACE_WAITING = "The race starts once the timing run has measured every round of AR, Eagle-1 and this method."
+
+
+class Replaced(Exception):
+    """Raised in a generation's live view once a newer click of its browser session has replaced it."""
+
+
+def on_check(*values) -> None:
+    """Generate's first step: validate the setting, loading no model. It has no outputs, so a refused setting is
+    one toast and the last result stays on the page, whole."""
+    parse(values, load=False)
+
+
+def on_generate(*values, progress=None, session: str | None = None):
+    """The Generate button: validate, then run both images while showing them drawn round by round (at most
+    every ``LIVE_INTERVAL`` seconds; figures and timings follow). The result is the session's newest
+    from the click on (``Runtime.latest``): an older request still running is stale."""
+    state = current()
+    bundle, request = parse(values, progress)
+    serial = state.latest.claim(session)
+    started = time.perf_counter()
+    shown: dict = {}
+
+    def live(run: str, generation) -> None:
+        if not state.latest.current(session, serial):  # a newer click: stop decoding this one (its runs end here)
+            raise Replaced
+        shown[run] = generation
+
+    running = state.live_runs.submit(state.compare, request, None, live if state.device.local else None)
+    drawn: dict = {}
+    length = bundle.config.image_tokens
+    method_label, eagle_label = views.image_labels(request)
+    while not wait([running], timeout=LIVE_INTERVAL).done:
+        fresh = {run: generation for run, generation in list(shown.items()) if drawn.get(run) is not generation}
+        if not fresh or not state.latest.current(session, serial):
+            continue
+        drawn.update(fresh)
+        if progress is not None and "method" in drawn:
+            progress(len(drawn["method"].tokens) / length, desc=f"Generating with {request.label}")
+        pictures = {run: views.live_picture(bundle, generation) for run, generation in fresh.items()}
+        yield (pictures.get("method", gr.skip()), pictures.get("eagle", gr.skip()), gr.skip(),
+               views.live_caption(request, drawn, length), gr.skip(), gr.skip())
+    if not state.latest.current(session, serial):
+        log.info("generate %s seed=%d: stopped after %.2fs, a newer click replaced it", request.label, request.seed,
+                 time.perf_counter() - started)
+        yield tuple(gr.skip() for _ in range(6))  # the newer click's images are (or will be) on the page
+        return
+    result = checked(running.result)
+    result.serial = serial
+    condition = f"class={request.class_id}" if request.class_id is not None else f"prompt={clip(request.prompt, 60)!r}"
+    log.info("generate %s model=%s %s seed=%d: %.2fs", request.label, request.model, condition, request.seed,
+             time.perf_counter() - started)
+    rounds = len(result.method.stats.rounds)
+    yield (gr.update(value=views.enlarge(result.images["method"]), label=method_label),
+           gr.update(value=views.enlarge(result.images["eagle"]), label=eagle_label), views.timing_table(result),
+           views.caption(bundle, request), gr.update(maximum=max(1, rounds - 1), value=0), result)
+
+
+def stale(result, request: gr.Request | None) -> bool:
+    """Whether a newer generation of the same browser session has replaced ``result`` (or there is none)."""
+    return result is None or not current().latest.current(session_of(request), result.serial)
+
+
+def on_figures(result, metric, families=None, narrow=False, request: gr.Request | None = None):
+    """Every figure of the last generation (drawn after the images are on screen; ``narrow``: laid out for a
+    phone), unless a newer one of the session has replaced it meanwhile."""
+    if stale(result, request):
+        return [gr.skip()] * 9
+    bundle, narrow = current().bundle_of(result.request), bool(narrow)
+    figs = views.figures(bundle, result, narrow)
+    theory_fig, theory_md = theory_outputs(result, result.request, "last generation", 0, narrow)
+    return (figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
+            views.replay_figure(bundle, result, 0, narrow), theory_fig, theory_md,
+            *tradeoff_outputs(bundle, result, metric, families, narrow))
+
+
+def on_timing(result, request: gr.Request | None = None, progress=None):
+    """Latencies of AR, Eagle-1 and the chosen method, measured now in interleaved repeats (after the images
+    and figures, so that nobody waits for them to see a picture), with a progress bar. They belong to
+    ``result``'s request: when a newer generation of the session replaces it, before or during the measurement,
+    the measurement stops and nothing is shown; the ``result`` state keeps the newer one."""
+    def replaced() -> bool:
+        return stale(result, request)
+
+    if replaced() or result.timing is not None:
+        return gr.skip(), gr.skip()
+    started, state = time.perf_counter(), current()
+    local = state.device.local  # ZeroGPU: arguments are pickled
+    timing = checked(lambda: state.measure(result.request, stop=replaced if local else None,
+                                           progress=progress if local else None))
+    dropped = timing is None or replaced()
+    log.info("timing %s seed=%d: %.2fs%s", result.request.label, result.request.seed, time.perf_counter() - started,
+             " (dropped: a newer generation replaced it)" if dropped else "")
+    if dropped:
+        return gr.skip(), gr.skip()
+    timed = dataclasses.replace(result, timing=timing)
+    return views.timing_table(timed), timed
+
+
+def on_timing_with_progress(result, request: gr.Request, progress=gr.Progress()):  # noqa: B008 (Gradio's marker)
+    """:func:`on_timing` as Gradio must see it to pass the request and a progress bar."""
+    return on_timing(result, request, progress)
+
+
+def on_race(result, request: gr.Request | None = None):
+    """The race: AR, Eagle-1 and the chosen method replayed side by side on one clock, each round ending at its
+    measured time, all slowed by one factor so that the slowest takes ``frames.RACE_SECONDS`` (at most
+    ``frames.FRAMES_PER_SECOND`` pictures a second). A newer generation of the session stops it."""
+    if result is None or result.timing is None or not result.timing.runs:
+        yield gr.skip(), RACE_WAITING
+        return
+    if stale(result, request):
+        return
+    bundle = current().bundle_of(result.request)
+    lanes = views.race_lanes(bundle, result)
+    factor, grid = frames.slowdown(lanes), views.grid_of(bundle)
+    began = time.perf_counter()
+    for clock in frames.race_clocks(lanes, factor):
+        if stale(result, request):
+            return
+        time.sleep(max(0.0, began + clock * factor - time.perf_counter()))
+        table = frames.race_table(lanes, clock, factor)
+        finished = all(clock >= lane.finish for lane in lanes)
+        yield (gr.update(value=frames.race_frame(lanes, grid, clock), visible=True),
+               (frames.race_verdict(lanes) + "\n\n" if finished else "") + table)

@@ -1,0 +1,106 @@
+"""The app's running state, made once per process by :func:`start`: the default model (loaded and warmed up),
+the model selector's store, each browser session's newest generation, the live view's worker threads, the device
+adapter, and what the page opens with (the first images, the tour's numbers). Handlers reach it with
+:func:`current` (Gradio passes them component values only); importing this module loads nothing and starts no
+thread."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ...models.bundle import Bundle, load_bundle, random_bundle, set_threads
+from .. import models, session, tour, views
+from ..controls import defaults
+from .device import Device
+
+
+@dataclass
+class Runtime:
+    """Everything the handlers share. ``compare``, ``compare_batch`` and ``measure`` run GPU work where the
+    device says (:meth:`Device.place`)."""
+
+    bundle: Bundle  # the default model
+    models: models.Models  # the selector's models: the default now, the others loaded on first use
+    device: Device
+    compare: Callable
+    compare_batch: Callable
+    measure: Callable
+    latest: session.Latest = field(default_factory=session.Latest)  # each browser session's newest generation
+    # The generations whose pictures are streamed while they run (a few long-lived threads: a thread per request
+    # would give the allocator a new arena each time).
+    live_runs: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="live"))
+    tour_facts: dict = field(default_factory=lambda: tour.study_facts(tour.read_study()))  # numbers the tour cites
+    first_images: dict = field(default_factory=dict)  # :func:`first_images`
+
+    def bundle_of(self, request: session.Request) -> Bundle:
+        """The model a validated request was made for (already loaded)."""
+        return self.models.get(request.model)
+
+
+RUNTIME: Runtime | None = None
+
+
+def current() -> Runtime:
+    """The state :func:`start` made (a readable error before it)."""
+    if RUNTIME is None:
+        raise RuntimeError("the app has not started: call coolsd.app.web.runtime.start() first")
+    return RUNTIME
+
+
+def load_model() -> Bundle:
+    """The shipped default model, or ``COOLSD_MODEL`` (a bundle directory, or ``random:tiny|small``)."""
+    choice = os.environ.get("COOLSD_MODEL", "")
+    if choice.startswith("random:"):
+        return random_bundle(choice.split(":", 1)[1])
+    return load_bundle(choice or None)
+
+
+def run_comparison(request: session.Request, progress=None, live=None) -> session.Comparison:
+    return session.compare(current().bundle_of(request), request, progress, live)
+
+
+def run_batch(request: session.Request, seeds: list[int]) -> list[session.Comparison]:
+    return session.compare_batch(current().bundle_of(request), request, seeds)
+
+
+def run_timing(request: session.Request, repeats: int = session.TIMING_REPEATS,
+               stop: Callable[[], bool] | None = None, progress=None) -> session.Timing | None:
+    return session.measure_speed(current().bundle_of(request), request, repeats, stop, progress)
+
+
+def start(say: Callable[[str], None] = lambda message: None) -> Runtime:
+    """The app's state, made on the first call (later calls return it): torch's threads set, the default model
+    loaded with its device's fastest steps and warmed up, and the first images made. ``say`` reports each step."""
+    global RUNTIME
+    if RUNTIME is not None:
+        return RUNTIME
+    threads = set_threads()
+    say(f"loading the model ({threads} torch thread{'s' * (threads > 1)}; set COOLSD_THREADS to change)")
+    device = Device.detect()
+    bundle = session.fast_steps(load_model(), zero_gpu=device.zero_gpu)  # CUDA graphs on a dedicated GPU
+    if device.local:  # on ZeroGPU, CUDA work may only run inside spaces.GPU functions
+        say("warming up")
+        session.warm_up(bundle)
+    store = models.Models(bundle, lambda key: session.fast_steps(load_bundle(key), zero_gpu=device.zero_gpu))
+    RUNTIME = Runtime(bundle, store, device, device.place(run_comparison), device.place(run_batch),
+                      device.place(run_timing))
+    say("making the first images")
+    RUNTIME.first_images = first_images(RUNTIME)
+    return RUNTIME
+
+
+def first_images(state: Runtime) -> dict:
+    """What the images show before any click: both runs of the starting settings, made once at start-up (not on
+    ZeroGPU, where no CUDA work may run outside a request), with a caption that says so."""
+    start = defaults(state.bundle)
+    request = session.parse_controls(state.bundle, [start[name] for name in session.value_names()])
+    labels = views.image_labels(request)
+    if not state.device.local:
+        return {"caption": "Press **Generate**.", "labels": labels}
+    made = session.compare(state.bundle, request)
+    return {"method": views.enlarge(made.images["method"]), "eagle": views.enlarge(made.images["eagle"]),
+            "labels": labels, "caption": f"{views.caption(state.bundle, request)} Made at start-up with the "
+                                         "settings on the left: press **Generate** to watch it drawn, and to time it."}
