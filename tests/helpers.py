@@ -135,6 +135,27 @@ def chi_square_pvalue(samples: list[tuple], law: dict[tuple, float], min_expecte
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
+def counts_pvalue(observed: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's test of counts per cell ``observed`` (C,) against cell probabilities ``probs`` (C,), for
+    vectorised draws: 0 if a cell of probability 0 was observed (an impossible draw); cells expected below
+    ``min_expected`` are pooled; 1 when fewer than two cells are left (nothing to test)."""
+    observed, probs = observed.double(), probs.double()
+    if bool((observed[probs == 0] > 0).any()):
+        return 0.0
+    expected = observed.sum() * probs
+    large = expected >= min_expected
+    stat = float(((observed[large] - expected[large]) ** 2 / expected[large]).sum())
+    cells = int(large.sum())
+    pooled = float(expected[~large].sum())
+    if pooled > 0:
+        stat += (float(observed[~large].sum()) - pooled) ** 2 / pooled
+        cells += 1
+    if cells < 2:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor((cells - 1) / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
 def count_generations(monkeypatch) -> list[str]:
     """The method name of every image the benchmark generates from now on, in order."""
     from coolsd.cli import passes
