@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .core.params import run_command, shorten
-
-USAGE = "usage: python -m coolsd.train COMMAND [options]"
+from .core.params import program, run_command, shorten
 
 
 def wants_general_trainer(argv: list[str]) -> bool:
@@ -30,7 +28,8 @@ def overview() -> str:
     from .toy.train import help_lines, stage_lines
     general = " ".join(command.__doc__.split()).split(". ")[0] + "."
     return "\n".join([
-        USAGE, "", "A drafter for any target (a preset, a model.json directory, a bundle, or a random-init shape):",
+        f"usage: {program('coolsd.train')} COMMAND [options]", "",
+        "A drafter for any target (a preset, a model.json directory, a bundle, or a random-init shape):",
         help_lines([("drafter --model M --out DIR", f"{general} --random-init SIZE instead of --model: a randomly "
                                                     "initialised target.")]),
         "", "The shipped default model, stage by stage in this order (fixed seeds; checkpoints resume):",

@@ -19,9 +19,11 @@ from PIL import Image
 from coolsd.app import frames, models, plots, session, tour, views
 from coolsd.app.controls import method_boxes
 from coolsd.app.web import api, generation, inputs, layout, panels, runtime, settings
+from coolsd.core.decode import Generation
 from coolsd.core.params import PARAMS
 from coolsd.core.rules import param as method_param
 from coolsd.core.rules import resolve_mu, schema
+from coolsd.core.stats import FIRST, GenerationStats, Round
 from coolsd.core.trees import parse_draft
 from coolsd.models.bundle import Bundle, Drafter, Transformer, random_bundle
 from coolsd.models.config import ModelConfig
@@ -71,7 +73,10 @@ def test_generate_fills_every_output(generated):
     assert image["label"] == "COOL-SD (chain:5)"
     assert isinstance(eagle_image["value"], Image.Image) and eagle_image["label"] == "Eagle-1 (lossless, chain:5)"
     assert "speed-up vs AR" in table and "COOL-SD" in table and "Eagle-1" in table and "AR" in table
-    assert "measuring" in table  # latencies follow in their own step
+    # latencies follow in their own step, after the figures: until it starts (its progress bar then shows), the
+    # table says they come next, never that they are being measured (issue 42.20)
+    assert "timing follows" in table and "measured next" in table and "measuring" not in table
+    assert "being measured" not in table
     for figure in (per_position, lengths, map_method, map_eagle, replay, theory_fig):
         assert isinstance(figure, Figure)
     assert slider["maximum"] == max(1, len(result.method.stats.rounds) - 1)
@@ -394,6 +399,13 @@ def test_api_lists_only_generate_and_describes_its_answer():
     returns = info["named_endpoints"]["/generate"]["returns"][0]["type"]
     assert set(returns["properties"]) == {"method", "eagle", "timing"}
     assert set(returns["properties"]["method"]["properties"]) == {"tokens", "pixels", "png_base64", "stats"}
+    # the pixels are height x width x 3 (docs/app.md): the API page must type them so (issue 42.17)
+    from gradio_client.utils import json_schema_to_python_type
+    pixels = returns["properties"]["method"]["properties"]["pixels"]
+    assert json_schema_to_python_type(pixels) == "list[list[list[int]]]"
+    assert np.asarray(api.generate(seed=1)["method"]["pixels"]).ndim == 3
+    docs = Path(__file__).resolve().parent.parent / "docs" / "app.md"
+    assert "raw RGB pixels as nested lists, height x width x 3" in docs.read_text()
     seeds = next(p for p in info["named_endpoints"]["/generate_batch"]["parameters"] if p["parameter_name"] == "seeds")
     assert seeds["type"]["type"] == "array" and seeds["type"]["items"]["type"] == "integer"
 
@@ -844,6 +856,27 @@ def test_the_eagle_image_names_the_draft_it_used_even_with_ar_chosen():
     assert image["label"] == "AR (no drafting)" and eagle["label"] == "Eagle-1 (lossless, tree:eagle25)"
     assert "Right: **Eagle-1 (lossless, tree:eagle25)**" in text
     assert result.eagle.stats.to_dict(rounds=False)["draft"] == "tree:eagle25"
+
+
+def test_with_ar_chosen_the_caption_says_only_eagle_used_the_hidden_draft():
+    """Issue 42.11: with AR chosen the draft selector hides, yet the right image's label names a draft (Eagle-1
+    drafts with it): the caption says that only Eagle-1 used it and where it is set; a drafting method's does not."""
+    ar = session.parse_controls(STATE.bundle, controls(method="AR (no drafting)", draft="jacobi:32:coupled"))
+    text = views.caption(STATE.bundle, ar)
+    assert ("Right: **Eagle-1 (lossless, jacobi:32:coupled)** (AR drafts nothing: only Eagle-1 used "
+            "jacobi:32:coupled, the Draft structure that a drafting method shows).") in text
+    assert settings.on_method("AR (no drafting)")[-1]["visible"] is False  # that selector is hidden
+    eagle = session.parse_controls(STATE.bundle, controls(method="Eagle-1 (lossless)", draft="jacobi:32:coupled"))
+    assert "drafts nothing" not in views.caption(STATE.bundle, eagle)
+
+
+def test_the_live_caption_words_one_target_forward_in_the_singular():
+    """Issue 42.19: right after the prefill a run has made 1 token in 1 target forward."""
+    request = session.parse_controls(STATE.bundle, controls(method="AR (no drafting)"))
+    stats = GenerationStats("ar", {}, "chain:0", 0, 0, 0, {}, [])
+    stats.rounds = [Round(0, [], [], [], {}, [3], FIRST)]
+    text = views.live_caption(request, {"method": Generation([3], stats)}, 64)
+    assert text == "Generating… **AR (no drafting)**: 1 of 64 tokens, 1 target forward"
 
 
 @pytest.mark.parametrize("text", ["a **bold** `tick`\nand a second line", "<b>x</b> & $$x^2$$ [link](y) #1 _i_ ~s~",

@@ -355,3 +355,36 @@ def test_small_samples_warn(tmp_path, capsys, monkeypatch):
     assert "judge_accuracy on 2 images" in warnings[1] and "35 percentage points" in warnings[1]
     assert all(f"warning: {w}" in captured.err for w in warnings)
     assert "515.00" in captured.out
+
+
+def test_residual_has_one_list_per_method_in_the_help_and_both_checks(capsys, monkeypatch):
+    """Issue 42.7: GSD's residual is gsd or gstar, LANTERN++'s gstar or lantern (their schemas in the registry):
+    argparse, the rule's check, bench's method strings and the help must each give a method its own list."""
+    monkeypatch.setattr(generate, "load_model", no_model)
+    monkeypatch.setattr(bench, "load_model", no_model)
+    lists = {"gsd": ("gsd", "gstar"), "lantern": ("gstar", "lantern")}
+    for method, choices in lists.items():
+        for value in ("gsd", "gstar", "lantern"):
+            argv = ["--method", method, "--residual", value, *TINY]
+            spec = [f"{method}:residual={value}"]
+            if value in choices:
+                assert generate.check_args(generate.build_parser().parse_args(argv)).params == {"residual": value}
+                assert bench.check_args(bench.build_parser().parse_args(["--methods", *spec, *TINY])).study
+            else:
+                want = f"residual must be one of: {', '.join(choices)}; got '{value}'"
+                assert generate.main(argv) == 2 and want in one_line_error(capsys)
+                assert bench.main(["--methods", *spec, *TINY, "--no-progress"]) == 2
+                assert want in one_line_error(capsys)
+    text = " ".join(generate.build_parser().format_help().split())
+    assert "(lantern) gstar: the optimal G*; lantern: the published heuristic; gstar or lantern, default gstar" in text
+    assert "(gsd) gsd: the published token-level Norm([p - q]+); gstar: the optimal G* of the grouped f; " \
+           "gsd or gstar, default gsd" in text
+
+
+def test_every_option_of_the_commands_has_help():
+    """Issue 42.12: bench's --images and --no-progress (and the card's options) printed no help at all."""
+    from coolsd.distill import command
+    from coolsd.toy import card, train
+    for module in (generate, bench, train, command, card):
+        parser = module.build_parser()
+        assert [a.option_strings for a in parser._actions if not (a.help or "").strip()] == [], module.__name__

@@ -136,3 +136,31 @@ def test_the_readme_gpu_table_is_the_performance_page_s():
     readme, measured = (markdown_table(path.read_text(), header) for path in (README, ROOT / "docs" / "performance.md"))
     assert readme[:-1] == measured and len(measured) == 5
     assert readme[-1][1] == "2.03x / 2.72x" and "2.42 / 3.34" in readme[-2][0]
+
+
+def python_blocks(page: Path) -> list[str]:
+    """The page's fenced ``python`` code blocks, in order."""
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.DOTALL | re.MULTILINE)
+
+
+def test_the_library_pages_examples_run_as_written(tmp_path, monkeypatch):
+    """Issue 42.18: docs/library.md's example saved ``bundle.image(...)`` as if it were a PIL image (it is an
+    array): every Python block of the page runs, in order, in one namespace, and the picture it saves opens."""
+    import torch
+    from PIL import Image
+
+    blocks = python_blocks(ROOT / "docs" / "library.md")
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        namespace: dict = {}
+        for block in blocks:
+            exec(compile(block, "docs/library.md", "exec"), namespace)  # noqa: S102 (the docs' own code)
+    finally:
+        torch.set_num_threads(threads)
+    bundle, out = namespace["bundle"], namespace["out"]
+    height, width, _ = bundle.image(out.tokens).shape
+    assert Image.open(tmp_path / "image.png").size == (width, height)
+    assert [len(o.tokens) for o in namespace["outs"]] == [bundle.config.image_tokens] * 4
+    assert namespace["UniformRSD"](2.0).relaxed_target(torch.ones(3), 1).tolist() == [2.0] * 3

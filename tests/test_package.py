@@ -59,3 +59,34 @@ def test_an_installed_coolsd_loads_its_model_from_anywhere(wheel, tmp_path):
     module, model, layers = ran.stdout.split()
     assert module.startswith(str(site)) and model.startswith(str(site / "coolsd" / "assets" / "fashion"))
     assert int(layers) >= 8
+
+
+# How each console script of pyproject is run as a module (the docs' way): the usage must name the one that ran.
+MODULE_FORMS = {"coolsd-generate": "python -m coolsd.generate", "coolsd-bench": "python -m coolsd.bench",
+                "coolsd-train": "python -m coolsd.train", "coolsd-card": "python -m coolsd.card"}
+
+
+def usage_of(entry_point: str, argv0: str, args: list[str], monkeypatch, capsys) -> str:
+    """The first line ``--help`` prints when ``entry_point`` (``module:function``) runs with ``sys.argv[0]``
+    as a console script or ``python -m`` sets it."""
+    module, _, function = entry_point.partition(":")
+    monkeypatch.setattr(sys, "argv", [argv0, *args])
+    try:
+        assert getattr(__import__(module, fromlist=[function]), function)(args) == 0
+    except SystemExit as done:  # argparse's --help
+        assert done.code == 0
+    return capsys.readouterr().out.splitlines()[0]
+
+
+def test_each_console_script_names_itself_in_its_usage(tmp_path, monkeypatch, capsys):
+    """Issue 42.12: the installed ``coolsd-generate`` printed ``usage: python -m coolsd.generate``."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == set(MODULE_FORMS)
+    for script, entry_point in scripts.items():
+        module_file = str(ROOT / MODULE_FORMS[script].split()[-1].replace(".", "/")) + ".py"  # what -m puts there
+        for argv0, name in ((str(tmp_path / "bin" / script), script), (module_file, MODULE_FORMS[script])):
+            assert usage_of(entry_point, argv0, ["--help"], monkeypatch, capsys).startswith(f"usage: {name} ")
+            if script == "coolsd-train":  # its commands' own parsers
+                for command in (["drafter", "--help"], ["judge", "--help"]):
+                    line = usage_of(entry_point, argv0, command, monkeypatch, capsys)
+                    assert line.startswith(f"usage: {name} {'drafter ' if command[0] == 'drafter' else ''}"), line

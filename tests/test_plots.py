@@ -644,6 +644,19 @@ def test_replay_of_the_prefill_says_nothing_was_drafted():
     assert not ax.collections and [t.get_text() for t in ax.texts] == ["nothing drafted in this round"]
 
 
+@pytest.mark.parametrize("accepted, words", [
+    (False, ["1 token: 0 accepted drafts + 1 resampled", "drafted tree: 1 node, 1 tested, 0 accepted"]),
+    (True, ["2 tokens: 1 accepted draft + 1 bonus", "drafted tree: 1 node, 1 tested, 1 accepted"])])
+def test_replay_words_its_counts_in_the_singular_for_one(accepted, words):
+    """Issue 42.19: a one-position window whose draft is rejected read "1 tokens: 0 accepted drafts"."""
+    stats = GenerationStats("eagle", {}, "jacobi:1", 1, 0, 0, {}, [1.0])
+    current = Round(1, [100], [True], [Candidate(1, 1, 0.5, accepted, 0.0)], {1: 0.5},
+                    [100, 7] if accepted else [7], BONUS if accepted else RESAMPLED, ["fresh"])
+    stats.rounds = [Round(0, [], [], [], {}, [3], FIRST), current]
+    fig = plots.replay(np.zeros((16, 16), dtype=np.uint8), stats, (4, 4), 1)
+    assert [ax.get_title().replace("\n", " ") for ax in fig.axes if ax.get_title()] == words
+
+
 # Theory: omega only for a rule with a schedule -------------------------------------------------------------
 def omega_lines(fig: Figure) -> list:
     return [line for ax in fig.axes for line in ax.get_lines() if "omega" in line.get_label()]

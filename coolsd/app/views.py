@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from ..core.decode import Generation
-from ..core.params import Param, clip
+from ..core.params import Param, clip, counted
 from ..core.rules import RULES, AcceptanceRule, ModelTables, build_rule, omega_schedule, param, resolve_mu
 from ..core.theory import captured_theory, chain_theory, toy_chain, toy_neighbours
 from ..core.trees import JacobiWindow, parse_draft
@@ -103,7 +103,11 @@ def caption(bundle: Bundle, request: Request) -> str:
     params = ", ".join(f"{name}={setting_text(value)}" for name, value in request.params)
     condition = (f"Class *{plain(bundle.class_names[request.class_id])}*" if request.class_id is not None
                  else f"Prompt *“{plain(request.prompt)}”*")
-    return (f"Left: **{plain(method)}**{f', {params}' if params else ''}. Right: **{plain(eagle)}**. "
+    # With AR chosen the draft selector hides (AR drafts nothing), yet Eagle-1 on the right still drafts with its
+    # value: say so, and where to change it, rather than name a draft the page does not show.
+    hidden_draft = "" if RULES[request.method].drafts else (
+        f" (AR drafts nothing: only Eagle-1 used {request.draft}, the Draft structure that a drafting method shows)")
+    return (f"Left: **{plain(method)}**{f', {params}' if params else ''}. Right: **{plain(eagle)}**{hidden_draft}. "
             f"{condition}, seed {request.seed}.")
 
 
@@ -120,8 +124,8 @@ def timing_runs(result: Comparison) -> list[tuple[str, str, object]]:
 
 def speed_cells(timing, run: str) -> tuple[str, str]:
     """Latency (ms) and speed-up vs AR of one run: the median, with the min-max range on a second line."""
-    if timing is None:
-        return "measuring…", "measuring…"
+    if timing is None:  # not started: the figures are drawn first, then the timing step (with its progress bar)
+        return "timing follows", "timing follows"
     median, low, high = timing.latency(run)
     latency = f"{1000 * median:.0f}<br><small>{1000 * low:.0f}–{1000 * high:.0f}</small>"
     if run == "ar":
@@ -147,7 +151,8 @@ def timing_table(result: Comparison) -> str:
             work.append(f"| {label} | {stats.target_forwards} | {stats.drafter_forwards} | "
                         f"{stats.relaxation_cost:.3f} |")
     if timing is None:
-        note = "Latencies are being measured: AR, Eagle-1 and this method, interleaved, in this request."
+        note = ("Latencies are measured next, once the figures are drawn (a progress bar here shows the repeats): "
+                "AR, Eagle-1 and this method, interleaved, in this request.")
     else:
         note = (f"Latency: median (min–max) of {timing.repeats} interleaved repeats of AR, Eagle-1 and this method "
                 f"in this request, on {timing.device} ({timing.dtype}, {timing.steps} steps, {timing.threads} CPU "
@@ -199,7 +204,8 @@ def live_picture(bundle: Bundle, generation: Generation) -> Image.Image:
 def live_caption(request: Request, shown: dict[str, Generation], length: int) -> str:
     """The caption while both runs are in progress: how far each has got (of ``length`` tokens)."""
     method, eagle = image_labels(request)
-    parts = [f"**{plain(label)}**: {len(g.tokens)} of {length} tokens, {g.stats.target_forwards} target forwards"
+    parts = [f"**{plain(label)}**: {len(g.tokens)} of {counted(length, 'token')}, "
+             f"{counted(g.stats.target_forwards, 'target forward')}"
              for label, g in ((method, shown.get("method")), (eagle, shown.get("eagle"))) if g is not None]
     return "Generating… " + "; ".join(parts)
 

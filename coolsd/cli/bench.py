@@ -45,7 +45,7 @@ from pathlib import Path
 from ..app.claims import summary
 from ..core.decode import check_batch_memory
 from ..core.memory import gigabytes
-from ..core.params import OneLineParser, Param, run_command
+from ..core.params import OneLineParser, Param, program, run_command
 from ..core.rules import build_rule
 from ..core.sampling import SamplingConfig
 from ..core.trees import usable_depth
@@ -167,7 +167,7 @@ def work_arguments(args: argparse.Namespace, bundle: Bundle) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m coolsd.bench", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=program("coolsd.bench"), description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="+", default=None,
                         help=f"method specs on --draft (default without --preset: {' '.join(DEFAULT_METHODS)})")
     parser.add_argument("--preset", action="append", choices=PRESETS, default=[],
@@ -176,7 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "differences from Eagle-1); paper runs Eagle-1 and all three on chain:5 and tree:eagle25; "
                              "jacobi runs the drafter-free methods (SJD, SCD, Gumbel coupling, GSD, COOL-SD on "
                              "coupled drafts) on jacobi:8 and jacobi:16")
-    parser.add_argument("--images", default=str(IMAGES.default))
+    parser.add_argument("--images", default=str(IMAGES.default), metavar="N",
+                        help=f"images per configuration: image i is class i mod C with seed --seed + i; "
+                             f"{IMAGES.span()}, default {IMAGES.default} (with --profile: whole images per method "
+                             f"after the parts, 0 for the parts only)")
     parser.add_argument("--latency-images", default=None, metavar="M",
                         help="time images 0..M-1 only (default: every image); under torchrun rank 0 times them alone "
                              "after the sharded pass (see --shared-timing)")
@@ -192,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "Default: --batch when every image is timed, else 1 (a separate latency pass, as the "
                              "study's, stays at batch 1 unless asked). With --profile: the batch sizes whose rounds "
                              "are timed")
-    parser.add_argument("--warmup", default=str(WARMUP.default), help="untimed calls per configuration and batch size")
+    parser.add_argument("--warmup", default=str(WARMUP.default),
+                        help=f"untimed calls per configuration and batch size before the timed ones; "
+                             f"{WARMUP.span()}, default {WARMUP.default}")
     parser.add_argument("--repeats", default=str(REPEATS.default),
                         help="timings per (image, configuration), interleaved across configurations; the median counts")
     parser.add_argument("--work", type=Path, default=None, metavar="DIR",
@@ -208,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--summary", type=Path, default=None, metavar="FILE",
                         help="Markdown file: the noise floor (AR minus Eagle-1), the smallest COOL-SD delta whose "
                              "quality is told apart from Eagle-1's, and the paired comparisons behind the claims")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars and no time per pass on stderr (for logs and scripts)")
     parser.add_argument("--profile", action="store_true",
                         help="time the parts of a round (AR step, verification of chain:5, tree:eagle25, tree:wide57, "
                              "a drafter level, host-side acceptance, image decoding) and the speed-ups they imply")

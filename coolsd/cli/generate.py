@@ -23,6 +23,7 @@ from ..core.params import (
     OneLineParser,
     Param,
     check_prompt,
+    program,
     run_command,
     shorten,
     show_number,
@@ -82,13 +83,24 @@ def class_index(class_names: list[str], label: str) -> int:
                      f"got {shorten(label)}")
 
 
-def method_options() -> dict:
-    """Every parameter some registered method takes, by name (the first method's schema wins for a shared name)."""
-    options: dict = {}
+def method_options() -> dict[str, dict[Param | Choice, list[str]]]:
+    """Every parameter some registered method takes, by name, each distinct schema with the methods that take it:
+    two methods may give one name different schemas (``--residual`` is gstar or lantern for LANTERN++, gsd or
+    gstar for GSD), and the help and the checks must give each method its own list."""
+    options: dict[str, dict[Param | Choice, list[str]]] = {}
     for spec in RULES.values():
         for param in spec.params:
-            options.setdefault(param.name, param)
+            options.setdefault(param.name, {}).setdefault(param, []).append(spec.name)
     return options
+
+
+def option_help(schemas: dict[Param | Choice, list[str]]) -> str:
+    """An option's help, one part per schema: the methods that take it, what it does, its values, its default."""
+    parts = []
+    for param, takers in schemas.items():
+        values = " or ".join(param.choices) if isinstance(param, Choice) else param.span()
+        parts.append(f"({', '.join(takers)}) {param.help}; {values}, default {shown(param.default)}")
+    return " | ".join(parts)
 
 
 def method_params(args: argparse.Namespace) -> dict:
@@ -122,17 +134,17 @@ def shown(default: float | str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m coolsd.generate", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=program("coolsd.generate"), description=__doc__.splitlines()[0])
     parser.add_argument("--method", choices=list(RULES), default="cool",
                         help="; ".join(f"{spec.name}: {spec.label}" for spec in RULES.values()))
-    for name, param in method_options().items():  # from the rule registry
-        takers = ", ".join(spec.name for spec in RULES.values() if any(p.name == name for p in spec.params))
-        if isinstance(param, Choice):
-            parser.add_argument(f"--{name}", choices=param.choices, default=None, dest=f"param_{name}",
-                                help=f"({takers}) {param.help}; default {param.default}")
-        else:
+    for name, schemas in method_options().items():  # from the rule registry
+        only = next(iter(schemas)) if len(schemas) == 1 else None
+        if isinstance(only, Choice):  # one list for every taker: argparse may check it
+            parser.add_argument(f"--{name}", choices=only.choices, default=None, dest=f"param_{name}",
+                                help=option_help(schemas))
+        else:  # numbers, or values that differ by method: the chosen method's schema checks them (check_args)
             parser.add_argument(f"--{name}", default=None, dest=f"param_{name}", metavar=name.upper(),
-                                help=f"({takers}) {param.help}; {param.span()}, default {shown(param.default)}")
+                                help=option_help(schemas))
     parser.add_argument("--class", dest="class_label", default=None, help="class index or name (class models; "
                         "default 0)")
     parser.add_argument("--prompt", default=None,

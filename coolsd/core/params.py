@@ -10,6 +10,7 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -57,6 +58,12 @@ def show_number(value: float) -> str:
     """A range end as people write it: a whole number in full (``2147483647``, where ``:g`` gives
     ``2.14748e+09``), any other in ``:g``'s short form (``0.05``)."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 token``, ``0 tokens``, ``2 accepted drafts``: a count with its noun in the number it takes, so that no
+    caption reads "1 tokens" (``plural`` where adding an s is wrong)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 def describe_range(low: float | None, high: float | None, above: float | None = None) -> str:
@@ -139,6 +146,14 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 def check(name: str, value: Any, high: float | None = None) -> float | int:
     """``PARAMS[name].check(value)``."""
     return PARAMS[name].check(value, high)
+
+
+def program(module: str) -> str:
+    """The command's name for its usage line, as it was called: pyproject's console script for ``module``
+    (``coolsd-generate`` for ``coolsd.generate``) when that is what runs, else ``python -m coolsd.generate``. A
+    fixed ``prog`` would tell a user of the installed script to type a command they did not."""
+    script = module.replace(".", "-")
+    return script if Path(sys.argv[0]).name == script else f"python -m {module}"
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.params import OneLineParser, number, run_command, show_number
+from ..core.params import OneLineParser, number, program, run_command, show_number
 from ..models.bundle import Bundle, load_bundle, random_bundle, set_threads
 from ..models.config import RANDOM_INIT_SIZES
 from ..models.registry import EXAMPLE_PROMPTS
@@ -53,7 +53,7 @@ DEFAULT_MODEL_STAGE = ("The shipped default model's own drafter stage (trained o
 def build_parser() -> argparse.ArgumentParser:
     """Every option with its help and its default in words (none reads "None")."""
     defaults = TrainConfig()
-    parser = OneLineParser(prog="python -m coolsd.train drafter", description=__doc__, epilog=DEFAULT_MODEL_STAGE,
+    parser = OneLineParser(prog=f"{program('coolsd.train')} drafter", description=__doc__, epilog=DEFAULT_MODEL_STAGE,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="a preset, a directory with model.json, or a bundle directory")

@@ -21,6 +21,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from ..core.decode import generate
+from ..core.params import program
 from ..core.rules import build_rule
 from ..core.trees import parse_draft
 from ..models.bundle import DEFAULT_MODEL, Bundle, load_bundle
@@ -244,16 +245,24 @@ def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
     (path / "README.md").write_text(text)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The card's options, each with its help (the usage names the command as it was called)."""
+    parser = argparse.ArgumentParser(prog=program("coolsd.card"), description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
+                        help="the bundle directory whose card is written (default: the shipped model's)")
+    parser.add_argument("--samples-per-class", type=int, default=100,
+                        help="AR images per class for the quality numbers (default 100)")
+    parser.add_argument("--eagle-images", type=int, default=200,
+                        help="Eagle-1 chain:5 images for tau and the latencies (default 200)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--round-repeats", type=int, default=30, help="timed repeats of each part of a round")
+    return parser
+
+
 def main(argv: list[str] | None = None, round_profile: Callable[[Bundle, int], dict] | None = None) -> int:
     """Measure and write the card; ``round_profile(bundle, repeats)`` (the command line's profiler, which this
     package does not import) times a round's phases for the card's round row."""
-    parser = argparse.ArgumentParser(prog="python -m coolsd.card", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--samples-per-class", type=int, default=100)
-    parser.add_argument("--eagle-images", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--round-repeats", type=int, default=30, help="timed repeats of each part of a round")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = load_bundle(args.model, device="cpu")

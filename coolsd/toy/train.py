@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from ..core.params import OneLineParser, run_command
+from ..core.params import OneLineParser, program, run_command
 from ..core.sampling import SamplingConfig
 from ..models.bundle import DEFAULT_MODEL, Bundle, save_bundle
 from ..models.config import CONFIGS, ModelConfig
@@ -342,7 +342,7 @@ def stage_lines() -> str:
 
 def build_parser() -> OneLineParser:
     """One stage name plus folder, step-count, thread and shape options."""
-    parser = OneLineParser(prog="python -m coolsd.train", formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = OneLineParser(prog=program("coolsd.train"), formatter_class=argparse.RawDescriptionHelpFormatter,
                            description=f"Train the shipped default model, one stage at a time, in this order "
                                        f"(checkpoints resume):\n{stage_lines()}",
                            epilog="A drafter for any other target:\n"

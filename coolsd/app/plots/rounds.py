@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
+from ...core.params import counted
 from ...core.stats import BONUS, FIRST, RESAMPLED, TARGET, GenerationStats, Round
 from ...core.trees import DraftTree, parse_draft
 from ..series import method_name
@@ -111,7 +112,7 @@ def _tree_panel(ax: Axes, stats: GenerationStats, current: Round, style: Layout)
     else:
         _draw_tree(ax, tree, current, style.small)
     invalid = len(current.valid) - sum(current.valid)
-    counts = f"{len(current.drafted)} nodes" + (f" ({invalid} invalid)" if invalid else "")
+    counts = counted(len(current.drafted), "node") + (f" ({invalid} invalid)" if invalid else "")
     ax.set_title(fill(f"drafted tree: {counts}, {tested} tested, {accepted} accepted", style.subtitle,
                       style.width if style.stacked else style.width / 2), fontsize=style.subtitle)
 
@@ -169,7 +170,8 @@ def _emitted_words(current: Round) -> str:
         return "the prefill: the target samples the first token"
     if not current.drafted:
         return "1 token, sampled by the target"
-    return f"{len(current.emitted)} tokens: {current.accepted} accepted drafts + 1 {current.next_origin}"
+    return (f"{counted(len(current.emitted), 'token')}: {counted(current.accepted, 'accepted draft')} "
+            f"+ 1 {current.next_origin}")
 
 
 def replay(image: np.ndarray, stats: GenerationStats, grid: tuple[int, int], round_index: int, *,

@@ -28,7 +28,7 @@ class Run(TypedDict):
     """One generation: its image tokens, the decoded picture, and its statistics."""
 
     tokens: list[int]
-    pixels: list[list[int]]
+    pixels: list[list[list[int]]]  # height x width x 3 (RGB): the API page shows this type
     png_base64: str
     stats: dict[str, Any]
 
