@@ -445,6 +445,8 @@ def test_the_batch_api_refuses_bad_seeds_in_one_line(seeds, needle, caplog):
     ({"draft": {"chain": 5}}, "draft structure must be one of"),
     ({"mu": [1]}, "mu must be a number"),
     ({"schedule": None}, "schedule must be one of"),
+    ({"class_name": None}, "class must be one of"),  # a null is refused, as before: leaving a value out is not null
+    ({"cfg_scale": None}, "cfg_scale is missing"),
 ])
 def test_odd_api_values_are_readable_errors_logged_in_one_line(overrides, needle, caplog):
     with caplog.at_level(logging.INFO, logger="coolsd.app"):

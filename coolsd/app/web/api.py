@@ -18,10 +18,21 @@ from .inputs import checked, defaults
 from .runtime import current
 
 API_DRAFT = "chain:5"  # the API's documented default draft (a model without a draft model takes its own instead)
-MODEL_VALUES = ("class_name", "cfg_scale", "temperature", "top_k", "top_p")  # None: the chosen model's own
+MODEL_VALUES = ("class_name", "cfg_scale", "temperature", "top_k", "top_p")  # default: the chosen model's own
 GSD_DEFAULTS = [schema(name).default for name in ("ranks", "gap", "dist")]
 # values added to the API later, last: clients may leave them out (/generate's model and prompt, then GSD's)
 OPTIONAL_TRAILING = {"generate": ["", "", *GSD_DEFAULTS], "generate_batch": GSD_DEFAULTS}
+
+
+class ModelOwn:
+    """The Python default of a model-dependent value (``MODEL_VALUES``): the chosen model's own. Not None, which
+    a client may send and which is refused as any missing value is."""
+
+    def __repr__(self) -> str:
+        return "the model's own"
+
+
+MODEL_OWN = ModelOwn()
 
 
 class Run(TypedDict):
@@ -43,10 +54,11 @@ class GenerateResult(TypedDict):
 
 
 def generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: str = "auto", k: int = 10,
-             lam: float = 5.0, draft: str = API_DRAFT, class_name: str | None = None, seed: int = 0,
-             cfg_scale: float | None = None, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, schedule: str = "exp", timing_repeats: int = 0, model: str = "",
-             prompt: str = "", ranks: int = 7, gap: float = 0.15, dist: float = 0.5) -> GenerateResult:
+             lam: float = 5.0, draft: str = API_DRAFT, class_name: str | ModelOwn = MODEL_OWN,
+             seed: int = 0, cfg_scale: float | ModelOwn = MODEL_OWN, temperature: float | ModelOwn = MODEL_OWN,
+             top_k: int | ModelOwn = MODEL_OWN, top_p: float | ModelOwn = MODEL_OWN, schedule: str = "exp",
+             timing_repeats: int = 0, model: str = "", prompt: str = "", ranks: int = 7, gap: float = 0.15,
+             dist: float = 0.5) -> GenerateResult:
     """Generate with one method and with lossless Eagle-1: both images (PNG base64 and pixels), tokens and
     statistics. ``mu`` is "auto" or a number. ``timing_repeats`` > 0 also times AR, Eagle-1 and the method
     that many times each, interleaved. ``model``: one of the app's model choices (empty: the default model);
@@ -65,11 +77,11 @@ def generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: s
 
 
 def generate_batch(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: str = "auto", k: int = 10,
-                   lam: float = 5.0, draft: str = API_DRAFT, class_name: str | None = None,
-                   seeds: list[int] = [0, 1, 2, 3], cfg_scale: float | None = None,  # noqa: B006
-                   temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                   schedule: str = "exp", model: str = "", prompt: str = "", ranks: int = 7, gap: float = 0.15,
-                   dist: float = 0.5) -> dict:
+                   lam: float = 5.0, draft: str = API_DRAFT,
+                   class_name: str | ModelOwn = MODEL_OWN, seeds: list[int] = [0, 1, 2, 3],  # noqa: B006
+                   cfg_scale: float | ModelOwn = MODEL_OWN, temperature: float | ModelOwn = MODEL_OWN,
+                   top_k: int | ModelOwn = MODEL_OWN, top_p: float | ModelOwn = MODEL_OWN, schedule: str = "exp",
+                   model: str = "", prompt: str = "", ranks: int = 7, gap: float = 0.15, dist: float = 0.5) -> dict:
     """As ``/generate``, for a list of 1 to 16 seeds decoded as one batch per method (each image gets the
     tokens it gets alone, spec section 9): per seed both images, tokens and statistics, and each batch's seconds.
     No timing repeats (``/generate`` measures them)."""
@@ -80,12 +92,12 @@ def generate_batch(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7,
 
 
 def documented(endpoint: Callable, start: dict[str, Any]) -> Callable:
-    """``endpoint`` as Gradio lists and calls it: its model-dependent values (``MODEL_VALUES``, None in Python:
-    the chosen model's own) default to the default model's ``start`` values, with their plain types, so that the
-    API page shows the values a call that leaves them out gets."""
+    """``endpoint`` as Gradio lists and calls it: its model-dependent values (``MODEL_VALUES``, ``MODEL_OWN`` in
+    Python) default to the default model's ``start`` values, with their plain types, so that the API page shows
+    the values a call that leaves them out gets."""
     hints = typing.get_type_hints(endpoint)
     parameters = [parameter.replace(annotation=hints[name]) if name not in MODEL_VALUES else
-                  parameter.replace(annotation=not_none(hints[name]), default=start[name])
+                  parameter.replace(annotation=plain(hints[name]), default=start[name])
                   for name, parameter in inspect.signature(endpoint).parameters.items()]
 
     @functools.wraps(endpoint)
@@ -98,9 +110,9 @@ def documented(endpoint: Callable, start: dict[str, Any]) -> Callable:
     return call
 
 
-def not_none(hint):
-    """``X`` for ``X | None``."""
-    return typing.Union[tuple(arg for arg in typing.get_args(hint) if arg is not type(None))]  # noqa: UP007
+def plain(hint):
+    """``X`` for ``X | ModelOwn``."""
+    return typing.Union[tuple(arg for arg in typing.get_args(hint) if arg is not ModelOwn)]  # noqa: UP007
 
 
 def api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k, top_p,
@@ -112,12 +124,12 @@ def api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scal
     bundle = checked(lambda: state.models.get(model))
     key = state.models.key(model)
     start = defaults(state.bundle)
-    checked(lambda: refuse_unused(bundle, method, params, class_name, prompt, start))
-    if draft == API_DRAFT and not session.suits(bundle, draft):  # the documented default, on a model it does not fit
-        draft = session.default_draft(bundle)
     given = {"class_name": class_name, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
              "top_p": top_p}
-    given = {name: start[name] if value is None else value for name, value in given.items()}
+    given = {name: start[name] if value is MODEL_OWN else value for name, value in given.items()}
+    checked(lambda: refuse_unused(bundle, method, params, given["class_name"], prompt, start))
+    if draft == API_DRAFT and not session.suits(bundle, draft):  # the documented default, on a model it does not fit
+        draft = session.default_draft(bundle)
     if bundle is not state.bundle:  # the documented defaults are the default model's: untouched ones follow the model
         own = model_defaults(bundle)
         given = {name: own[name] if isinstance(value, (str, int, float)) and value == start[name] else value
