@@ -64,7 +64,8 @@ def generated():
 
 
 def test_generate_fills_every_output(generated):
-    image, eagle_image, table, caption, slider, result = generated
+    image, eagle_image, table, caption, slider, result, race_image, race_text, serial = generated
+    assert race_image == gr.skip() and race_text == gr.skip() and serial == gr.skip()  # set by the first output
     per_position, lengths, map_method, map_eagle, replay, theory_fig, theory_md, tradeoff_fig, tradeoff_note = \
         generation.on_figures(result, "fid")
     grid = STATE.bundle.config
@@ -157,11 +158,14 @@ def test_generate_streams_pictures_of_the_runs_at_most_ten_times_a_second(slow_m
     for output in generation.on_generate(*controls(model=slow_model), progress=lambda *a, **k: said.append((a, k))):
         stamps.append(time.perf_counter())
         outputs.append(output)
-    *live, final = outputs
+    cleared, *live, final = outputs
+    # first, before any picture: the last run's race goes (issue 42.2), and nothing else changes yet
+    assert cleared[6]["visible"] is False and cleared[7] == generation.RACE_WAITING and cleared[3] == "Generating…"
+    assert all(value == gr.skip() for value in cleared[:3] + cleared[4:6]) and cleared[8] > 0
     pictures = [np.asarray(output[0]) for output in live if isinstance(output[0], Image.Image)]
     assert len({picture.tobytes() for picture in pictures}) >= 2
     assert all(output[3].startswith("Generating… **COOL-SD (chain:5)**: ") for output in live)
-    assert min(np.diff(stamps[:-1]), default=1) >= 0.95 * session.LIVE_INTERVAL
+    assert min(np.diff(stamps[1:-1]), default=1) >= 0.95 * session.LIVE_INTERVAL
     assert final[5].method.stats.tokens == 576 and "seed 0" in final[3]
     fractions = [a[0] for a, k in said if k.get("desc") == "Generating with COOL-SD"]  # the progress bar
     assert len(fractions) >= 2 and fractions == sorted(fractions) and 0 < fractions[-1] <= 1
@@ -853,7 +857,7 @@ def test_the_api_takes_other_methods_parameters_left_at_their_defaults():
 
 
 def test_the_eagle_image_names_the_draft_it_used_even_with_ar_chosen():
-    image, eagle, _, text, _, result = last(generation.on_generate(*controls(method="AR (no drafting)", draft="tree:eagle25"),
+    image, eagle, _, text, _, result, *_race = last(generation.on_generate(*controls(method="AR (no drafting)", draft="tree:eagle25"),
                                                        progress=no_progress))
     assert image["label"] == "AR (no drafting)" and eagle["label"] == "Eagle-1 (lossless, tree:eagle25)"
     assert "Right: **Eagle-1 (lossless, tree:eagle25)**" in text
@@ -878,7 +882,42 @@ def test_the_live_caption_words_one_target_forward_in_the_singular():
     stats = GenerationStats("ar", {}, "chain:0", 0, 0, 0, {}, [])
     stats.rounds = [Round(0, [], [], [], {}, [3], FIRST)]
     text = views.live_caption(request, {"method": Generation([3], stats)}, 64)
-    assert text == "Generating… **AR (no drafting)**: 1 of 64 tokens, 1 target forward"
+    assert text == "Generating… **AR (no drafting)**: 1 of 64 tokens, 1 target forward (seed 0)"
+
+
+def test_the_live_caption_says_eagles_image_is_an_earlier_one_shown_again():
+    """Issue 42.6: Eagle-1's run of the same setting made earlier (at start-up, or beside another method) shows
+    whole at once while the method decodes: the caption says so, live and final, and only then."""
+    request = session.parse_controls(STATE.bundle, controls())
+    stats = GenerationStats("cool", {}, "chain:5", 0, 0, 0, {}, [])
+    stats.rounds = [Round(0, [], [], [], {}, [3], FIRST)]
+    shown = {"method": Generation([3], stats), "eagle": Generation([3] * 64, stats)}
+    reused = views.live_caption(request, shown, 64, eagle_reused=True)
+    assert "**Eagle-1 (lossless, chain:5)**: made earlier for this setting, shown again" in reused
+    assert "64 of 64" not in reused and "**COOL-SD (chain:5)**: 1 of 64 tokens" in reused
+    assert "made earlier" not in views.live_caption(request, shown, 64)
+    assert views.REUSED in views.caption(STATE.bundle, request, eagle_reused=True)
+    assert views.REUSED not in views.caption(STATE.bundle, request)
+    other_seed = session.parse_controls(STATE.bundle, controls(seed=987654))
+    assert not session.eagle_reused(STATE.bundle, other_seed)  # never made: decoded live
+    result = last(generation.on_generate(*controls(seed=987654), progress=no_progress))[5]
+    assert not result.eagle_reused and session.eagle_reused(STATE.bundle, other_seed)
+    again = last(generation.on_generate(*controls(method="UniformRSD", seed=987654), progress=no_progress))
+    assert again[5].eagle_reused and views.REUSED in again[3]
+
+
+def test_the_theory_panel_follows_the_controls_not_the_generation_it_was_drawn_for():
+    """Issue 42.5: the method switched to UniformRSD while a COOL-SD generation decodes: that generation's
+    figures keep the theory panel on UniformRSD (with the generation's captured pairs)."""
+    result = last(generation.on_generate(*controls(), progress=no_progress))[5]
+    uniform = (*controls(method="UniformRSD"), "last generation", 0)
+
+    def titles(figure) -> str:
+        return " ".join([figure._suptitle.get_text() if figure._suptitle else ""]
+                        + [ax.get_title() for ax in figure.axes])
+
+    assert "UniformRSD" in titles(generation.on_figures(result, "fid", None, False, None, uniform)[5])
+    assert "COOL-SD" in titles(generation.on_figures(result, "fid")[5])  # without controls: the generation's
 
 
 @pytest.mark.parametrize("text", ["a **bold** `tick`\nand a second line", "<b>x</b> & $$x^2$$ [link](y) #1 _i_ ~s~",
@@ -1031,7 +1070,7 @@ def jacobi_runs():
 
 
 def test_every_method_runs_on_a_jacobi_window(jacobi_runs):
-    for method, (image, eagle, table, caption, _, result) in jacobi_runs.items():
+    for method, (image, eagle, table, caption, _, result, *_race) in jacobi_runs.items():
         stats = result.method.stats
         assert stats.tokens == STATE.bundle.config.image_tokens and stats.drafter_forwards == 0, method
         assert eagle["label"] == f"Eagle-1 (lossless, {JACOBI})" and JACOBI in caption

@@ -120,7 +120,7 @@ def test_switching_to_a_text_model_shows_the_prompt_box(model_dir):  # noqa: F81
 
 def test_generating_with_a_prompt_fills_every_output(model_dir):  # noqa: F811
     prompt = "a red cat on the grass"
-    *_, (image, eagle_image, table, caption, _slider, result) = generation.on_generate(
+    *_, (image, eagle_image, table, caption, _slider, result, *_race) = generation.on_generate(
         *controls(model=str(model_dir), prompt=prompt, cfg_scale=3.0), progress=no_progress)
     assert image["value"].size == (80, 80) and eagle_image["value"].size == (80, 80)  # 8 px, enlarged 10x
     assert prompt in caption and "Trouser" not in caption

@@ -23,6 +23,7 @@ from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_di
 
 from coolsd.app.plots.style import PHONE_WIDTH
 from coolsd.app.session import value_names  # the order of the app's control values
+from coolsd.app.web.generation import RACE_WAITING
 from coolsd.core.rules import omega_schedule
 from coolsd.models.bundle import Bundle, Drafter, Transformer, save_bundle
 from coolsd.models.config import ModelConfig
@@ -156,19 +157,29 @@ FINAL_IMAGES = """before => { const caption = document.querySelector('#caption')
         (caption !== before.caption || s.every((x, i) => x !== before.images[i])); }"""
 
 
+# The Per position figure's status while the figures step runs: pending, then done (watched from before the click)
+TRACKER = "document.querySelector('#per-position [data-testid=status-tracker]')"
+IDLE_FIGURES = f"() => {{ const t = {TRACKER}; return !!t && t.classList.contains('hide'); }}"
+WATCH_FIGURES = f"""() => {{ window.figuresPending = false;
+    new MutationObserver(() => {{ const t = {TRACKER}; if (t && !t.classList.contains('hide')) window.figuresPending = true; }})
+        .observe(document.body, {{subtree: true, attributes: true, attributeFilter: ['class']}}); }}"""
+FIGURES_DRAWN = f"""() => {{ const t = {TRACKER}, i = document.querySelector('#per-position img');
+    return window.figuresPending && !!t && t.classList.contains('hide') && !!i && !!i.src; }}"""
+
+
 def generate_and_wait(page, timings: bool = True) -> float:
     """On the Per position tab, click Generate; wait for both final images (returns that time), then for the
     figures and, if asked, the measured timings."""
     page.get_by_role("tab", name="Per position").click()  # its figure is drawn (the first tab, Race, has none)
     before = {"images": image_sources(page), "caption": page.locator("#caption").inner_text()}
-    plots_before = page.evaluate(PLOT_IMAGES)
+    page.wait_for_function(IDLE_FIGURES, timeout=WAIT_MS)  # (a phone's page redraws them for its width at load)
+    page.evaluate(WATCH_FIGURES)
     started = time.perf_counter()
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_function(FINAL_IMAGES, arg=before, timeout=WAIT_MS)
     seconds = time.perf_counter() - started
-    page.wait_for_function(f"before => {{ const s = {PLOT_IMAGES};"
-                           " return s.length > 0 && s[0] && s[0] !== before[0]; }", arg=plots_before,
-                           timeout=WAIT_MS)
+    # the figures step has run: the same setting as before draws the same figure, so its source may not change
+    page.wait_for_function(FIGURES_DRAWN, timeout=WAIT_MS)
     if timings:
         expect(page.locator("#timings")).to_contain_text(f"of {TEST_TIMING_REPEATS} interleaved repeats",
                                                           timeout=120000)
@@ -408,8 +419,8 @@ def ui_event(server, session: str, fn_index: int, data: list) -> dict:
     """One UI event as the browser sends it; the event's completion message (success or error)."""
     body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
                        "trigger_id": None}).encode()
-    request = urllib.request.Request(f"{server.url}gradio_api/queue/join", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{server.url}gradio_api/queue/join", data=body,  # with the page's header
+                                     headers={"Content-Type": "application/json", "x-gradio-user": "app"})
     event_id = json.loads(urllib.request.urlopen(request, timeout=30).read())["event_id"]
     with urllib.request.urlopen(f"{server.url}gradio_api/queue/data?session_hash={session}", timeout=300) as stream:
         for raw in stream:
@@ -443,7 +454,8 @@ def test_server_memory_levels_off_over_ui_generations(server):
                   "class_name": "Trouser", "seed": n,
                   "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "model": "default", "prompt": ""}
         ui_call(server, session, fn["on_generate"], [values[name] for name in value_names()])
-        ui_call(server, session, fn["on_figures"], [None, "fid", families, False])
+        ui_call(server, session, fn["on_figures_for_page"], [None, "fid", families, False]
+                + [values[name] for name in value_names()] + ["last generation", 0])
         if n % 10 == 0:  # a timing repeats every run: a tenth of the clicks keeps the test short
             ui_call(server, session, fn["on_timing"], [None])
 
@@ -559,7 +571,8 @@ def test_browser_timing_belongs_to_the_request_it_was_measured_for(server, brows
 def test_browser_theory_shows_on_load_and_handles_lantern_and_another_model(server, browser):
     page = open_page(browser, server.url)
     page.get_by_role("tab", name="Theory").click()
-    expect(page.locator("#theory-text")).to_contain_text("Nothing generated yet")  # not blank before a change
+    # not blank before a change: the start-up run's pairs (issue 42.10: every tab shows the start-up run)
+    expect(page.locator("#theory-text")).to_contain_text("last Eagle-1 run (seed 0, chain:5")
     expect(page.locator("#theory-text")).to_contain_text("E[N] =")
     page.wait_for_function("() => document.querySelector('#theory-plot img')", timeout=20000)
     page.get_by_label("toy distributions").check()
@@ -669,19 +682,70 @@ def test_browser_the_seed_dice_runs_in_the_browser(server, browser):
     assert len(seeds - {"0"}) >= 2
 
 
-@pytest.mark.parametrize("name", ["random_seed", "js_fn", "no_such_endpoint", "x" * 300, "on_model", "on_generate",
-                                  "on_timing", "on_theory", "on_replay"])
-def test_an_endpoint_the_app_does_not_have_answers_404_in_one_line(server, name):
+NOT_ENDPOINTS = ["random_seed", "js_fn", "no_such_endpoint", "x" * 300, "on_model", "on_reset", "on_generate",
+                 "on_timing", "on_theory", "on_replay", "on_figures_for_page", "on_width"]
+# Every route of Gradio 6 that runs an event by name (routes.py: /call/ and /call/v2/ join the queue, /run/ and
+# its older name /api/ answer at once); /queue/join, by number, is test_page_handlers_run_only_as_the_page_sends_them's
+BY_NAME = ["call/{}", "call/v2/{}", "run/{}", "api/{}"]
+
+
+def post(server, path: str, body: dict, headers: dict | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(f"{server.url}gradio_api/{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.mark.parametrize("route", BY_NAME)
+def test_an_endpoint_the_app_does_not_have_answers_404_in_one_line(server, route):
+    """By every route that runs an event by name: an unknown name, a browser-only event and each page handler
+    (private, yet Gradio would run it) answer 404 with one readable line, logged once."""
+    for name in NOT_ENDPOINTS:
+        before = server.lines()
+        status, body = post(server, route.format(name), {} if route.startswith("call/v2") else {"data": []})
+        assert status == 404 and "no endpoint" in body and "/generate" in body and len(body) < 200, (route, name)
+        time.sleep(0.1)
+        added = added_lines(server, before)
+        assert not any("Traceback" in line for line in added), added
+        assert sum("rejected request" in line for line in added) == 1, (route, name, added)
+
+
+def test_page_handlers_run_only_as_the_page_sends_them(server):
+    """POST /gradio_api/queue/join names an event by number: a page handler runs only with what the page sends
+    (Gradio's page client adds ``x-gradio-user: app``); an event number that does not exist, or one that runs in
+    the browser, is 404 whoever sends it. The page's own way still works."""
+    config = json.loads(urllib.request.urlopen(f"{server.url}config", timeout=30).read())
+    fn = {d["api_name"]: d["id"] for d in config["dependencies"] if d["api_name"]}
+    browser_only = next(d["id"] for d in config["dependencies"] if d["backend_fn"] is False)
+    body = {"data": ["default"], "fn_index": fn["on_reset"], "session_hash": "probe", "event_data": None,
+            "trigger_id": None}
+    for index, headers in [(fn["on_reset"], None), (fn["on_model"], {"x-gradio-user": "api"}),
+                           (99999, {"x-gradio-user": "app"}), (browser_only, {"x-gradio-user": "app"})]:
+        before = server.lines()
+        status, answer = post(server, "queue/join", {**body, "fn_index": index}, headers)
+        assert status == 404 and len(answer) < 200, (index, headers, status, answer)
+        time.sleep(0.1)
+        added = added_lines(server, before)
+        assert sum("rejected request" in line for line in added) == 1 and not any("Traceback" in x for x in added)
+    values = ui_call(server, "page", fn["on_reset"], ["default"])  # as the page sends it: Reset's 18 values
+    assert len(values) == len([n for n in value_names() if n not in ("model", "prompt")])
+
+
+def test_a_bad_call_of_the_api_is_a_4xx_in_one_line(server):
+    """/run/generate (answered at once) with too few values: 422 and the readable reason, not Gradio's 500; an
+    unknown name there: 404."""
     before = server.lines()
-    request = urllib.request.Request(f"{server.url}gradio_api/call/{name}", data=b'{"data": []}',
-                                     headers={"Content-Type": "application/json"})
-    with pytest.raises(urllib.error.HTTPError) as error:
-        urllib.request.urlopen(request, timeout=30)
-    body = error.value.read().decode()
-    assert error.value.code == 404 and "no endpoint" in body and "/generate" in body and len(body) < 200
+    status, answer = post(server, "run/generate", {"data": ["COOL-SD", {}]})
+    assert status == 422 and "takes" in json.loads(answer)["error"], (status, answer)
+    status, answer = post(server, "run/nonexistent", {"data": []})
+    assert status == 404, (status, answer)
     time.sleep(0.2)
     added = added_lines(server, before)
-    assert not any("Traceback" in line for line in added) and sum("rejected request" in line for line in added) == 1
+    assert not any("Traceback" in line for line in added)
+    assert sum("rejected request" in line for line in added) == 2 and all(len(line) < 600 for line in added)
 
 
 RACE_ROWS = """() => [...document.querySelectorAll('#race-text tr')].slice(1)
@@ -816,3 +880,125 @@ def test_browser_broken_model_entries_are_named_on_the_page(server, browser):
     warnings = page.locator("#model-warnings")
     expect(warnings).to_contain_text("missing: left out: no such directory")
     expect(warnings).to_contain_text("listed, but it cannot load")
+
+
+RACE_SHOWN = "() => { const i = document.querySelector('#race-image img'); return !!(i && i.src); }"
+
+
+def test_browser_the_race_comes_into_view_and_a_new_generation_clears_it(server, browser):
+    """At 1400 x 1000 (issue 42): the first click with the starting settings says that Eagle-1's image is the
+    start-up run's, shown again (6); the race, once it plays, is inside the window, not below the timing table
+    (4); a new Generate clears the finished race to its waiting text at once, not after the new timing (2)."""
+    page = open_page(browser, server.url, width=1400, height=1000)
+    page.get_by_role("button", name="Generate", exact=True).click()  # the Race tab is the one shown
+    expect(page.locator("#caption")).to_contain_text("shown again, not decoded again", timeout=WAIT_MS)
+    page.wait_for_function(RACE_SHOWN, timeout=180000)
+    boxes = []
+    for _ in range(20):  # the scroll is smooth: a few looks while the race plays
+        box = page.locator("#race-image").bounding_box()
+        boxes.append((round(box["y"]), round(box["y"] + box["height"])))
+        if 0 <= box["y"] and box["y"] + box["height"] <= 1000:
+            break
+        page.wait_for_timeout(150)
+    assert 0 <= boxes[-1][0] and boxes[-1][1] <= 1000, boxes
+    expect(page.locator("#race-text")).to_contain_text("finished first", timeout=60000)
+    page.get_by_label("Seed").fill("41")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    expect(page.locator("#race-text")).to_have_text(RACE_WAITING, timeout=5000)
+    expect(page.locator("#race-image")).to_be_hidden()
+    expect(page.locator("#caption")).to_contain_text("seed 41.", timeout=WAIT_MS)
+    assert "finished first" not in page.locator("#race-text").inner_text()  # until seed 41's own race
+
+
+# every change of the caption or the left image, with whether the page shows it (not hidden as replaced)
+CAPTIONS_SEEN = """() => { window.seen = []; const c = document.querySelector('#caption');
+    const record = () => window.seen.push([performance.now(), c.innerText,
+        getComputedStyle(c).visibility !== 'hidden',
+        getComputedStyle(document.querySelector('#image-method img')).visibility !== 'hidden']);
+    new MutationObserver(record).observe(c, {subtree: true, childList: true, characterData: true});
+    new MutationObserver(record).observe(document.querySelector('#image-method'),
+        {subtree: true, attributes: true, attributeFilter: ['src']}); }"""
+CLICK_GENERATE = "() => { document.querySelector('#generate').click(); return performance.now(); }"
+
+
+def test_browser_a_second_click_stops_the_first_runs_pictures_at_once(server, browser):
+    """Issue 42.5, on the slow model: seed 5 decoding, seed 6 clicked: no picture (nor caption) of seed 5's run
+    arrives after the click; then UniformRSD chosen while seed 6's COOL-SD run decodes: its figures, drawn after,
+    leave the theory panel on UniformRSD."""
+    page = open_page(browser, server.url)
+    choose_slow_model(page)
+    page.evaluate(CAPTIONS_SEEN)
+    seed = page.get_by_label("Seed")
+    seed.fill("5")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_function("() => /Generating.*\\(seed 5\\)/.test(document.querySelector('#caption').innerText)",
+                           timeout=WAIT_MS)
+    page.wait_for_timeout(300)  # a few pictures of seed 5's run
+    seed.fill("6")
+    clicked = page.evaluate(CLICK_GENERATE)
+    page.wait_for_function("() => /Generating.*\\(seed 6\\)/.test(document.querySelector('#caption').innerText)",
+                           timeout=WAIT_MS)
+    page.get_by_label("UniformRSD").check()
+    expect(page.locator("#caption")).to_contain_text("seed 6.", timeout=WAIT_MS)
+    expect(page.locator("#timings")).to_contain_text(f"of {TEST_TIMING_REPEATS} interleaved repeats", timeout=120000)
+    seen = page.evaluate("window.seen")
+    before = [text for at, text, *_ in seen if at < clicked and "(seed 5)" in text]
+    # a picture of seed 5's run may still arrive after the click (it was on its way): the page must not show it
+    shown_after = [(text, caption, image) for at, text, caption, image in seen
+                   if at > clicked and "seed 5" in text and (caption or image)]
+    assert before and not shown_after, shown_after
+    assert seen[-1][2] and seen[-1][3]  # seed 6's pictures are shown
+    assert "Left: COOL-SD" in page.locator("#caption").inner_text()
+    page.get_by_role("tab", name="Theory").click()
+    expect(page.locator("#theory-text")).to_contain_text("UniformRSD: E[N]")
+
+
+def natural_width(page, elem_id: str) -> int:
+    return page.evaluate(f"() => document.querySelector('#{elem_id} img').naturalWidth")
+
+
+def test_browser_tabs_show_the_start_up_run_and_follow_the_window_width(server, browser):
+    """Before any click every figure tab shows the start-up run (issue 42.10), Replay's slider spans its rounds;
+    the images carry no label or buttons over their top rows (42.14); a window narrowed to a phone's width gets
+    the figures drawn for it, and widened again the desktop ones (42.16)."""
+    page = open_page(browser, server.url)
+    for tab, elem_id in [("Per position", "per-position"), ("Accepted lengths", "lengths"),
+                         ("Acceptance maps", "map-method"), ("Replay", "replay-plot")]:
+        page.get_by_role("tab", name=tab).click()
+        page.wait_for_function(f"() => {{ const i = document.querySelector('#{elem_id} img');"
+                               " return i && i.naturalWidth > 0; }", timeout=30000)
+    assert int(page.get_by_label("number input for Round").get_attribute("max")) > 1
+    labels = page.locator(".pixelated [data-testid='block-label']").evaluate_all(
+        "els => els.map(e => e.classList.contains('hide') ? '' : e.innerText.trim())")
+    assert labels == ["", ""] and page.locator(".pixelated .icon-button, #race-image .icon-button").count() == 0
+    page.get_by_role("tab", name="Per position").click()
+    desktop = natural_width(page, "per-position")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_function(f"() => document.querySelector('#per-position img').naturalWidth < {desktop}",
+                           timeout=60000)
+    assert natural_width(page, "per-position") == round(PHONE_WIDTH * 100)
+    page.set_viewport_size({"width": 1400, "height": 1100})
+    page.wait_for_function(f"() => document.querySelector('#per-position img').naturalWidth == {desktop}",
+                           timeout=60000)
+
+
+SPLIT_WORDS = """() => [...document.querySelectorAll('.formulas td:first-child')].flatMap(td => {
+    const node = td.firstChild, text = td.innerText, split = [];
+    if (!node || node.nodeType !== 3) return split;
+    let at = 0;
+    for (const word of text.split(' ')) {
+        const start = node.textContent.indexOf(word, at), range = document.createRange();
+        range.setStart(node, start); range.setEnd(node, start + word.length); at = start + word.length;
+        if (range.getClientRects().length > 1) split.push(word);
+    }
+    return split; })"""
+
+
+def test_browser_phone_formula_table_keeps_method_names_whole(server, browser):
+    """Issue 42.15: on a phone the Trade-off tab's formula table broke names mid-word ("Uni for mR SD")."""
+    page = open_page(browser, server.url, width=390, height=844)
+    page.get_by_role("tab", name="Trade-off").click()
+    expect(page.locator(".formulas td").first).to_be_visible()
+    names = page.locator(".formulas td:first-child").all_inner_texts()
+    assert "UniformRSD" in names and "LANTERN++ with G*" in names
+    assert page.evaluate(SPLIT_WORDS) == []

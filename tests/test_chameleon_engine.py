@@ -245,7 +245,7 @@ def test_the_app_generates_with_a_chameleon_directory_in_its_model_list(tiny, mo
     assert outputs["prompt_box"]["visible"] is True and outputs["class_name"]["visible"] is False
     values = inputs.defaults()
     values.update(model=str(tiny), prompt="a red fox", cfg_scale=3.0)
-    *_, (image, eagle_image, table, caption, _slider, result) = generation.on_generate(
+    *_, (image, eagle_image, table, caption, _slider, result, *_race) = generation.on_generate(
         *[values[name] for name in session.value_names()], progress=lambda *a, **k: 0)
     assert image["value"].size == eagle_image["value"].size and image["value"].size[0] >= 64
     assert "a red fox" in caption and "speed-up vs AR" in table

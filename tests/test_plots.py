@@ -19,7 +19,7 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from coolsd.app import plots, series, session
-from coolsd.app.plots.labels import LABEL_OFFSETS
+from coolsd.app.plots.labels import LABEL_OFFSETS, leader_clear
 from coolsd.app.plots.maps import MOST_DEPTH_ENTRIES
 from coolsd.app.plots.rounds import NODE_STYLE, node_status, round_tree, tree_layout
 from coolsd.app.plots.style import ACCEPTED_COLOR, NOT_YET_COLOR, ORIGIN_STYLE, PHONE_WIDTH, REJECTED_EDGE
@@ -263,8 +263,14 @@ def test_tradeoff_labels_every_point_of_the_default_series(bench_runs, narrow):
     fig = plots.tradeoff(bench_runs, None, y_key="fid", narrow=narrow)
     (ax,) = fig.axes
     drawn = [run for run in bench_runs if plots.family(run) in plots.default_families(bench_runs)]
-    assert sorted(t.get_text() for t in ax.texts) == sorted(series.point_label(run) for run in drawn)
-    assert {"δ=2", "δ=1.1", "k=10, λ=5", "k=5, λ=2", "AR", "Eagle-1"} <= {t.get_text() for t in ax.texts}
+    shown, expected = sorted(t.get_text() for t in ax.texts), sorted(series.point_label(run) for run in drawn)
+    # on a phone one point of the dense cluster near tau 4.2 stays unlabelled: its only free place would need a
+    # leader line through another label (issue 42.15)
+    missing = list(expected)
+    for text in shown:
+        missing.remove(text)
+    assert missing == (["k=10, λ=5"] if narrow else []), missing
+    assert {"δ=2", "δ=1.1", "k=5, λ=2", "AR", "Eagle-1"} <= {t.get_text() for t in ax.texts}
 
 
 def test_point_labels_cover_no_marker_and_no_other_label(figures):
@@ -277,7 +283,25 @@ def test_point_labels_cover_no_marker_and_no_other_label(figures):
                 assert not any(overlap_area(box, marker) > 1 for marker in markers), (name, ax.texts[i].get_text())
 
 
-def laid_out_label_box(ax, renderer, xy, text, size, placed):
+def test_no_label_is_struck_through_by_the_zero_line_or_another_labels_leader(figures):
+    """Issue 42.15: near 0 in the Jacobi panels "Gumbel coupling, uniform fresh" sat on the dashed zero line (it
+    read as crossed out) and a far label's leader line ran through "SCD": neither may happen on any panel."""
+    for name in ("study_quality", "study_every_family"):
+        for ax in figures[name].axes:
+            _, zero = ax.transData.transform((0, 0))
+            boxes = label_boxes(ax)
+            for text, box in zip(ax.texts, boxes):
+                assert not box.y0 < zero < box.y1, (name, ax.get_title(), text.get_text())
+            for i, text in enumerate(ax.texts):
+                if text.arrow_patch is None:
+                    continue
+                path = text.arrow_patch.get_path().transformed(text.arrow_patch.get_transform())
+                crossed = [ax.texts[j].get_text() for j, box in enumerate(boxes)
+                           if j != i and box.shrunk(0.9, 0.8).count_contains(path.interpolated(40).vertices)]
+                assert not crossed, (name, ax.get_title(), text.get_text(), crossed)
+
+
+def laid_out_label_box(ax, renderer, xy, text, size, placed, labels):
     """The placement by definition: lay the label out at every offset in turn and measure it there."""
     for dx, dy in LABEL_OFFSETS:
         label = ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=size,
@@ -286,7 +310,7 @@ def laid_out_label_box(ax, renderer, xy, text, size, placed):
         box = Text.get_window_extent(label, renderer).padded(1)
         label.remove()
         if not any(box.overlaps(other) for other in placed) and ax.bbox.contains(*box.p0) \
-                and ax.bbox.contains(*box.p1):
+                and ax.bbox.contains(*box.p1) and leader_clear(ax, xy, dy, box, labels):
             return (dx, dy), box
     return None
 

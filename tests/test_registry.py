@@ -115,7 +115,7 @@ def test_the_app_generates_with_it(half):
     state = runtime.start()  # the app's state, as app.py makes it
     values = {**inputs.defaults(), "method": "Half-relaxed", "strength": 1.5, "draft": "tree:eagle25"}
     ordered = [values[name] for name in session.value_names()]
-    *_, (image, _, table, caption, _, result) = generation.on_generate(*ordered, progress=no_progress)
+    *_, (image, _, table, caption, _, result, *_race) = generation.on_generate(*ordered, progress=no_progress)
     assert image["label"] == "Half-relaxed (tree:eagle25)" and "Half-relaxed" in table and "Half-relaxed" in caption
     assert result.method.stats.method == "half" and result.method.stats.params == {"strength": 1.5}
     assert result.method.stats.tokens == state.bundle.config.image_tokens
@@ -123,8 +123,9 @@ def test_the_app_generates_with_it(half):
     assert figures[0] is not None and "E[N]" in figures[6]
     assert "E[N]" in panels.on_theory(result, *ordered, "toy distributions", 0, False)[1]
     # typed out of range (its box's own check warns and sets it back): the generation runs at the range's end
-    *_, (*_, clamped) = generation.on_generate(*[{**values, "strength": 4}[name] for name in session.value_names()],
-                                        progress=no_progress)
+    *_, final = generation.on_generate(*[{**values, "strength": 4}[name] for name in session.value_names()],
+                                       progress=no_progress)
+    clamped = final[5]  # the result
     assert clamped.request.param_dict == {"strength": 3.0}
     with pytest.raises(ValueError, match="strength must be between 1 and 3"):
         session.parse_controls(state.bundle, [{**values, "strength": 4}[name] for name in session.value_names()])

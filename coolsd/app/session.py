@@ -20,6 +20,7 @@ from ..core.params import PROMPT_CHARS as PROMPT_CHARS  # the prompt box's limit
 from ..core.params import Choice, Param, check, check_prompt, number, shorten
 from ..core.rules import AR, RULES, AcceptanceRule, Eagle, build_rule, param, resolve_mu
 from ..core.sampling import SamplingConfig
+from ..core.stats import speedup_over_ar
 from ..core.trees import TREES, DraftTree, chain, parse_draft, usable_depth
 from ..core.trees import default_draft as model_default_draft
 from ..models.bundle import Bundle, device_name
@@ -271,6 +272,10 @@ class ResultCache:
                 self.items.popitem(last=False)
         return value
 
+    def __contains__(self, key) -> bool:
+        with self.lock:
+            return key in self.items
+
 
 EAGLE_CACHE = ResultCache()
 CAPTIONS = ResultCache(64)  # encoded prompts, by model and prompt
@@ -298,6 +303,7 @@ class Comparison:
     images: dict = field(default_factory=dict)
     timing: "Timing | None" = None
     serial: int = 0  # which request of its browser session this is (:class:`Latest`)
+    eagle_reused: bool = False  # Eagle-1's run was made earlier for the same setting (:func:`eagle_reused`)
 
 
 class Latest:
@@ -349,6 +355,18 @@ def watch(live: Live | None, run: str) -> Watch | None:
 LIVE_INTERVAL = 0.1  # seconds: at most ten pictures a second of a run in progress
 
 
+def eagle_key(bundle: Bundle, request: Request) -> tuple:
+    """What Eagle-1's run depends on: the same key, the same tokens (every run has its own seeded generators)."""
+    return (request.model, bundle.name, request.draft, request.class_id, request.prompt, request.seed,
+            request.sampling)
+
+
+def eagle_reused(bundle: Bundle, request: Request) -> bool:
+    """Whether Eagle-1's run of this setting is already made (at start-up, or by an earlier click with another
+    method): it is then shown whole at once, not decoded again."""
+    return eagle_key(bundle, request) in EAGLE_CACHE
+
+
 def compare(bundle: Bundle, request: Request, progress=None, live: Live | None = None) -> Comparison:
     """Run the chosen method and (cached per setting) lossless Eagle-1 for one request, at once where
     :func:`side_by_side` allows (the same tokens either way: every run has its own seeded generators); no
@@ -357,7 +375,7 @@ def compare(bundle: Bundle, request: Request, progress=None, live: Live | None =
     say = progress or (lambda *args, **kwargs: None)
     sampling, seed = request.sampling, request.seed
     cls = condition(bundle, request)
-    eagle_key = (request.model, bundle.name, request.draft, request.class_id, request.prompt, seed, sampling)
+    key, reused = eagle_key(bundle, request), eagle_reused(bundle, request)
 
     def run_eagle() -> Generation:
         return generate(bundle, cls, Eagle(), request.tree, sampling, seed, capture=True, watch=watch(live, "eagle"))
@@ -367,10 +385,10 @@ def compare(bundle: Bundle, request: Request, progress=None, live: Live | None =
 
     if request.method == "eagle":
         say(0.1, desc=f"Generating with {request.label}")
-        method = eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
+        method = eagle = EAGLE_CACHE.get_or_run(key, run_eagle)
     elif side_by_side(bundle):
         say(0.1, desc=f"Generating with {request.label} and Eagle-1 (lossless), side by side")
-        eagle_run = SIDE_RUNS.submit(EAGLE_CACHE.get_or_run, eagle_key, run_eagle)
+        eagle_run = SIDE_RUNS.submit(EAGLE_CACHE.get_or_run, key, run_eagle)
         if live is not None:  # a cached run shows at once, whole
             eagle_run.add_done_callback(lambda done: done.exception() or live("eagle", done.result()))
         method = run_method()
@@ -379,9 +397,9 @@ def compare(bundle: Bundle, request: Request, progress=None, live: Live | None =
         say(0.1, desc=f"Generating with {request.label}")
         method = run_method()
         say(0.6, desc="Generating with Eagle-1 (lossless)")
-        eagle = EAGLE_CACHE.get_or_run(eagle_key, run_eagle)
+        eagle = EAGLE_CACHE.get_or_run(key, run_eagle)
     images = {"method": bundle.image(method.tokens), "eagle": bundle.image(eagle.tokens)}
-    return Comparison(request, method, eagle, images)
+    return Comparison(request, method, eagle, images, eagle_reused=reused)
 
 
 BATCH_SEEDS = 16  # the most seeds one API call decodes together (a shared server's other visitors wait meanwhile)
@@ -430,9 +448,9 @@ class Timing:
         return statistics.median(values), min(values), max(values)
 
     def speedup(self, run: str) -> tuple[float, float, float]:
-        """Median AR latency / median ``run`` latency, and the min and max of the per-repeat ratios."""
-        ratios = [ar / other for ar, other in zip(self.seconds["ar"], self.seconds[run])]
-        return statistics.median(self.seconds["ar"]) / statistics.median(self.seconds[run]), min(ratios), max(ratios)
+        """Median AR latency / median ``run`` latency, and the min and max of the per-repeat ratios
+        (:func:`coolsd.core.stats.speedup_over_ar`, the bench's definition too)."""
+        return speedup_over_ar(self.seconds["ar"], self.seconds[run])
 
     def to_dict(self) -> dict:
         return {"repeats": self.repeats, "threads": self.threads, "device": self.device, "dtype": self.dtype,

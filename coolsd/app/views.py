@@ -97,8 +97,13 @@ def setting_text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def caption(bundle: Bundle, request: Request) -> str:
-    """The caption above the images: both runs, the method's parameters, the condition and the seed."""
+REUSED = ("Eagle-1's image was made earlier with this class, seed, draft and sampling, and is shown again, not "
+          "decoded again (lossless: it would be the same image); the timing table and the race time every run afresh.")
+
+
+def caption(bundle: Bundle, request: Request, eagle_reused: bool = False) -> str:
+    """The caption above the images: both runs, the method's parameters, the condition and the seed (and that
+    Eagle-1's image is an earlier run's, where it is: it appears whole at once while the method decodes)."""
     method, eagle = image_labels(request)
     params = ", ".join(f"{name}={setting_text(value)}" for name, value in request.params)
     condition = (f"Class *{plain(bundle.class_names[request.class_id])}*" if request.class_id is not None
@@ -108,7 +113,7 @@ def caption(bundle: Bundle, request: Request) -> str:
     hidden_draft = "" if RULES[request.method].drafts else (
         f" (AR drafts nothing: only Eagle-1 used {request.draft}, the Draft structure that a drafting method shows)")
     return (f"Left: **{plain(method)}**{f', {params}' if params else ''}. Right: **{plain(eagle)}**{hidden_draft}. "
-            f"{condition}, seed {request.seed}.")
+            f"{condition}, seed {request.seed}." + (f" {REUSED}" if eagle_reused else ""))
 
 
 def timing_runs(result: Comparison) -> list[tuple[str, str, object]]:
@@ -156,8 +161,9 @@ def timing_table(result: Comparison) -> str:
     else:
         note = (f"Latency: median (min–max) of {timing.repeats} interleaved repeats of AR, Eagle-1 and this method "
                 f"in this request, on {timing.device} ({timing.dtype}, {timing.steps} steps, {timing.threads} CPU "
-                f"thread{'s' * (timing.threads > 1)}). Speed-up: median AR "
-                "latency / median latency (min–max of the per-repeat ratios). tau: tokens per target forward.")
+                f"thread{'s' * (timing.threads > 1)}). Speed-up: AR's median "
+                "latency / the run's median latency (below it: the lowest and highest per-repeat ratio, which always "
+                "hold it; the bench's definition too). tau: tokens per target forward.")
     return "\n".join(speed) + "\n\n" + "\n".join(work) + f"\n\n<small>{note}</small>"
 
 
@@ -189,6 +195,19 @@ def figures(bundle: Bundle, result: Comparison, narrow: bool = False) -> dict:
     }
 
 
+TAB_WAITING = {"per_position": "the acceptance per draft position", "lengths": "the accepted drafts per round",
+               "map_method": "where each token came from", "map_eagle": "where each of Eagle-1's tokens came from",
+               "replay_plot": "each round, one at a time"}  # what each figure tab shows once there is a run
+
+
+def first_figures(bundle: Bundle, result: Comparison | None) -> dict:
+    """What the figure tabs show before the first click: the start-up run's figures, or (none made, as on
+    ZeroGPU) what to press to see what."""
+    if result is None:
+        return {name: plots.message(f"Press Generate to see {what}.") for name, what in TAB_WAITING.items()}
+    return {**figures(bundle, result), "replay_plot": replay_figure(bundle, result, 0)}
+
+
 def live_picture(bundle: Bundle, generation: Generation) -> Image.Image:
     """A run's image so far, for the live view: its tokens decoded (the positions not generated yet filled with
     its first token, an image token, so that a decoder that checks its positions accepts them; then covered) with
@@ -201,13 +220,21 @@ def live_picture(bundle: Bundle, generation: Generation) -> Image.Image:
                                                  rounds[-1] if rounds else None))
 
 
-def live_caption(request: Request, shown: dict[str, Generation], length: int) -> str:
-    """The caption while both runs are in progress: how far each has got (of ``length`` tokens)."""
+def live_caption(request: Request, shown: dict[str, Generation], length: int, eagle_reused: bool = False) -> str:
+    """The caption while both runs are in progress: how far each has got (of ``length`` tokens); Eagle-1's run,
+    when it is an earlier one shown again, says so."""
     method, eagle = image_labels(request)
-    parts = [f"**{plain(label)}**: {len(g.tokens)} of {counted(length, 'token')}, "
-             f"{counted(g.stats.target_forwards, 'target forward')}"
-             for label, g in ((method, shown.get("method")), (eagle, shown.get("eagle"))) if g is not None]
-    return "Generating… " + "; ".join(parts)
+
+    def progress(label: str, generation: Generation) -> str:
+        return (f"**{plain(label)}**: {len(generation.tokens)} of {counted(length, 'token')}, "
+                f"{counted(generation.stats.target_forwards, 'target forward')}")
+
+    parts = [progress(method, shown["method"])] if shown.get("method") is not None else []
+    if eagle_reused and request.method != "eagle":
+        parts.append(f"**{plain(eagle)}**: made earlier for this setting, shown again")
+    elif shown.get("eagle") is not None:
+        parts.append(progress(eagle, shown["eagle"]))
+    return "Generating… " + "; ".join(parts) + f" (seed {request.seed})"
 
 
 RACE_RUNS = (("ar", "AR"), ("eagle", "Eagle-1"), ("method", None))  # lanes, top to bottom of the table
@@ -320,9 +347,10 @@ def omega_line(method: str, delta, nu, mu_auto, mu, draft: str, schedule: str) -
     return f"{mu_text}; ω_1..ω_{depth}: " + ", ".join(f"{w:.2f}" for w in omegas)
 
 
-def theory_markdown(table: dict, notes: list[tuple[str, str]], schedule: bool = True) -> str:
-    """The theory panel's text: E[N], the TV bound, the notes (Markdown: their user text already escaped), and
-    the table per position (with ``omega_i`` only for a rule that has a schedule)."""
+def theory_markdown(table: dict, notes: list[tuple[str, str]], schedule: bool = True, label: str = "") -> str:
+    """The theory panel's text: whose theory (``label``: the figure's title is a picture), E[N], the TV bound,
+    the notes (Markdown: their user text already escaped), and the table per position (with ``omega_i`` only for
+    a rule that has a schedule)."""
     omega = ["omega_i"] if schedule else []
     rows = ["| " + " | ".join(["position i", *omega, "beta_i", "e_i", "P(reach i)"]) + " |",
             "|---" * (4 + len(omega)) + "|"]
@@ -330,7 +358,8 @@ def theory_markdown(table: dict, notes: list[tuple[str, str]], schedule: bool = 
         rows.append("| " + " | ".join([str(d), *([f"{w:.3f}"] if schedule else []), f"{b:.4f}", f"{e:.4f}",
                                        f"{r:.4f}"]) + " |")
     said = "".join(f"*{label}:* {note}.\n\n" for label, note in notes)
-    return (f"E[N] = **{table['expected_accepted']:.3f}** accepted drafts per round "
+    whose = f"{plain(label)}: " if label else ""
+    return (f"{whose}E[N] = **{table['expected_accepted']:.3f}** accepted drafts per round "
             f"(**{table['expected_tokens']:.3f}** tokens per target forward); TV bound per round = "
             f"**{table['tv_bound']:.4f}**.\n\n{said}" + "\n".join(rows))
 

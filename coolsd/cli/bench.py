@@ -11,8 +11,8 @@ sample record: tokens, tau, the target's log-likelihood, the relaxation cost and
 images, its features and verdict. Speed comes from timing images 0..M-1 (``--latency-images``, default all):
 each configuration first makes ``--warmup`` untimed calls, then the calls are interleaved across configurations
 so that all see the same machine conditions, ``--repeats R`` times each (the median counts); AR is always
-measured in the same run. Speed-ups come with their spread (the quartiles of the per-image ratio AR latency /
-method latency) and every difference from Eagle-1 (on the same draft) with a paired 95% bootstrap interval over
+measured in the same run. A speed-up is AR's median latency / the method's (``speedup_over_ar``), bracketed by
+the lowest and highest per-image ratio AR latency / method latency, and every difference from Eagle-1 (on the same draft) with a paired 95% bootstrap interval over
 images.
 
 Batches (spec section 9): ``--batch B`` decodes B images of a configuration together in the untimed pass (the

@@ -43,15 +43,14 @@ def format_table(result: dict) -> str:
     lines = [(f"{result['model']} on {result['device']} ({result['dtype']}), {threads} torch thread"
               f"{'s' if threads != 1 else ''}, {result['images']} images x {len(result['runs'])} configurations"
               f"{timed_note}, {result['repeats']} timing(s) each, draft {result['draft']}")]
-    header = ["label", "tau", "fwd/img", "latency ms", "latency IQR ms", "speed-up", "speed-up IQR",
+    header = ["label", "tau", "fwd/img", "latency ms", "latency IQR ms", "speed-up", "speed-up range",
               "accept/fwd", "loglik/token", "judge acc", "fid"]
     rows = [header]
     for run in result["runs"]:
         low, high = run["latency_iqr_s"]
-        speed_low, speed_high = run["speedup_vs_ar_iqr"]
         rows.append([run["label"][:60], f"{run['tau']:.3f}", f"{run['target_forwards_per_image']:.1f}",
                      f"{1000 * run['latency_median_s']:.1f}", f"{1000 * low:.1f}-{1000 * high:.1f}",
-                     f"{run['speedup_vs_ar']:.2f}x", f"{speed_low:.2f}-{speed_high:.2f}x",
+                     f"{run['speedup_vs_ar']:.2f}x", speed_range(run),
                      f"{run['acceptance_vs_target_forward']:.3f}", f"{run['log_likelihood_per_token']:.4f}",
                      f"{run['judge_accuracy']:.3f}" if "judge_accuracy" in run else "",
                      f"{run['fid']:.2f}" if "fid" in run else ""])
@@ -63,14 +62,22 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def speed_range(row: dict) -> str:
+    """A speed-up's bracket, the lowest and highest paired ratio (:func:`coolsd.core.stats.speedup_over_ar`);
+    empty for a result written before it was recorded."""
+    if "speedup_vs_ar_range" not in row:
+        return ""
+    low, high = row["speedup_vs_ar_range"]
+    return f"{low:.2f}-{high:.2f}x"
+
+
 def format_batches(rows: list[dict]) -> str:
     """The speed at each latency batch size, one row per (batch size, configuration)."""
-    table = [["batch", "label", "images/s", "call ms", "speed-up vs AR", "speed-up IQR", "lockstep rounds"]]
+    table = [["batch", "label", "images/s", "call ms", "speed-up vs AR", "speed-up range", "lockstep rounds"]]
     for row in rows:
-        low, high = row["speedup_vs_ar_iqr"]
         table.append([str(row["batch"]), row["label"][:60], f"{row['images_per_s']:.2f}",
                       f"{1000 * row['call_latency_median_s']:.1f}", f"{row['speedup_vs_ar']:.2f}x",
-                      f"{low:.2f}-{high:.2f}x", f"{row['lockstep_rounds_over_own']:.2f}x"])
+                      speed_range(row), f"{row['lockstep_rounds_over_own']:.2f}x"])
     widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
     return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in table)
 

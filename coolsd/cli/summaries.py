@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..core.rules import AcceptanceRule, rule_spec
-from ..core.stats import bootstrap_interval
+from ..core.stats import bootstrap_interval, speedup_over_ar
 from ..models.bundle import Bundle
 from .passes import PHASES, Bench, chunks
 from .study import Configuration, Study
@@ -125,9 +125,10 @@ def batch_warnings(timings: list[list[dict]], study: Study) -> list[str]:
 def batch_table(bench: Bench) -> list[dict]:
     """Speed at every latency batch size, from the timed images' records: per configuration, images per second
     (timed images / the seconds of their calls), the latency of a call (each of its images waits for all of it),
-    the speed-up over AR at the same batch size (AR's seconds / the configuration's, over the same calls; its
-    spread: the quartiles of the ratios of the same call's same repeat, which ran moments apart), and the
-    lockstep cost: the rounds a call ran (its slowest image's) over its images' mean own rounds."""
+    the speed-up over AR at the same batch size (:func:`coolsd.core.stats.speedup_over_ar` over the same calls:
+    AR's median call latency / the configuration's, bracketed by the lowest and highest ratio of the same
+    call's), and the lockstep cost: the rounds a call ran (its slowest image's)
+    over its images' mean own rounds."""
     study, configurations = bench.study, bench.study.configurations
     ar = next(k for k, c in enumerate(configurations) if c.name == "ar")
     rows = []
@@ -136,17 +137,13 @@ def batch_table(bench: Bench) -> list[dict]:
         timings = [[[bench.records.get("timing", c.label, i, size) for i in images] for images in calls]
                    for c in configurations]
         call_seconds = [[call[0]["latency_s"] for call in per_call] for per_call in timings]
-        repeat_seconds = [[call[0].get("repeats_s", [call[0]["latency_s"]]) for call in per_call]
-                          for per_call in timings]
         for k, configuration in enumerate(configurations):
             rounds = [[record["target_forwards"] for record in call] for call in timings[k]]
-            ratios = [a / m for ar_call, call in zip(repeat_seconds[ar], repeat_seconds[k])
-                      for a, m in zip(ar_call, call)]
+            speedup = speedup_over_ar(call_seconds[ar], call_seconds[k])
             rows.append({"batch": size, "label": configuration.label, "calls": len(calls),
                          "images_per_s": study.timed_images / sum(call_seconds[k]),
                          "call_latency_median_s": statistics.median(call_seconds[k]),
-                         "speedup_vs_ar": sum(call_seconds[ar]) / sum(call_seconds[k]),
-                         "speedup_vs_ar_iqr": quartiles(ratios),
+                         "speedup_vs_ar": speedup[0], "speedup_vs_ar_range": list(speedup[1:]),
                          "lockstep_rounds_over_own": float(np.mean([max(r) / np.mean(r) for r in rounds]))})
     return rows
 
@@ -273,6 +270,7 @@ def summarise(configuration: Configuration, rule: AcceptanceRule, samples: list[
     """One configuration's record: quality from its samples (every image), speed from its timings (the timed
     images, paired with AR's on the same images)."""
     latency, ar_latency = list(column(timings, "latency_s")), list(column(ar_timings, "latency_s"))
+    speedup = speedup_over_ar(ar_latency, latency)
     rounds = sum(t["target_forwards"] for t in timings)
     phase = {k: sum(t["seconds"][k] for t in timings) for k in PHASES}
     record = {
@@ -285,9 +283,9 @@ def summarise(configuration: Configuration, rule: AcceptanceRule, samples: list[
         "drafter_forwards_per_image": float(np.mean(column(samples, "drafter_forwards"))),
         "latency_median_s": statistics.median(latency), "latency_mean_s": float(np.mean(latency)),
         "latency_iqr_s": quartiles(latency),
-        "speedup_vs_ar": statistics.median(ar_latency) / statistics.median(latency),
-        # the spread of the paired per-image ratios (same class and seed, measured moments apart)
-        "speedup_vs_ar_iqr": quartiles([a / m for a, m in zip(ar_latency, latency)]),
+        # AR's median latency / this one's, bracketed by the lowest and highest paired per-image ratio (same class
+        # and seed, measured moments apart): coolsd.core.stats.speedup_over_ar, the app's definition too
+        "speedup_vs_ar": speedup[0], "speedup_vs_ar_range": list(speedup[1:]),
         "relaxation_cost_mean": float(np.mean(column(samples, "relaxation_cost"))),
         # the target's own log-likelihood of the images, nats per token (coolsd.core.likelihood): lossless
         # methods estimate the target's negative entropy rate; relaxation moves it

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -276,6 +277,18 @@ class GenerationStats:
 
 def _nan_to_none(values: np.ndarray) -> list:
     return [None if not np.isfinite(v) else float(v) for v in values]
+
+
+def speedup_over_ar(ar_seconds: Sequence[float], seconds: Sequence[float]) -> tuple[float, float, float]:
+    """Speed-up over AR, defined once for the bench's table and JSON and the app's timing table: AR's median
+    latency / the run's median latency over the same items (images, or interleaved repeats), and its bracket,
+    the lowest and highest paired ratio ``ar_i / seconds_i``. The bracket always holds the speed-up: were every
+    ``ar_i > s * seconds_i``, every order statistic of ``ar`` would exceed ``s`` times that of ``seconds``, the
+    medians included, so ``s`` could not be their ratio (and likewise below)."""
+    if len(ar_seconds) != len(seconds) or not seconds:
+        raise ValueError(f"a speed-up pairs AR's latencies with the run's: got {len(ar_seconds)} and {len(seconds)}")
+    ratios = [ar / other for ar, other in zip(ar_seconds, seconds)]
+    return statistics.median(ar_seconds) / statistics.median(seconds), min(ratios), max(ratios)
 
 
 def bootstrap_interval(items: int, statistic: Callable[[np.ndarray], float], resamples: int = 2000,

@@ -23,11 +23,11 @@ from .maps import acceptance_map
 from .rounds import replay
 from .study import (DIFFERENCE_LABELS, panel, panel_title, quietest_measure, study_acceptance, study_difference,
                     study_figures, study_quality, study_speedup)
-from .style import SOURCE_STYLE
+from .style import SOURCE_STYLE, message
 from .theory_figure import theory
 from .benchmark import METRIC_LABELS, default_families, family_choices, is_study, tradeoff
 
 __all__ = ["DIFFERENCE_LABELS", "METRIC_LABELS", "SOURCE_STYLE", "acceptance_map", "accepted_lengths",
-           "default_families", "family", "family_choices", "is_study", "panel", "panel_title", "per_position",
-           "quietest_measure", "replay", "study_acceptance", "study_difference", "study_figures", "study_quality",
+           "default_families", "family", "family_choices", "is_study", "message", "panel", "panel_title",
+           "per_position", "quietest_measure", "replay", "study_acceptance", "study_difference", "study_figures", "study_quality",
            "study_speedup", "theory", "tradeoff"]

@@ -180,7 +180,7 @@ def study_quality(result: dict, metric: str | None = None, current: tuple[str, f
     _study_legend(fig, axes, style, [band for band in [_band(floor, mirrored)] if band])
     fig.canvas.draw()
     for ax, points, spans, star in labels:
-        label_points(ax, points, style.small, spans, star)
+        label_points(ax, points, style.small, spans, star, rules=(0,))  # the dashed line: no difference
     return fig
 
 

@@ -67,6 +67,16 @@ def fill(text: str, size: float, width: float) -> str:
     return textwrap.fill(text, max(16, int(width * 72 / (0.58 * size))), break_long_words=False)
 
 
+def message(text: str, narrow: bool = False) -> Figure:
+    """A figure that holds only ``text``, centred: what a tab shows before there is anything to plot."""
+    style = layout(narrow)
+    fig, (ax,) = figure(style.width, 1.6)
+    ax.axis("off")
+    ax.text(0.5, 0.5, fill(text, style.title, style.width - 0.4), ha="center", va="center", fontsize=style.title,
+            transform=ax.transAxes)
+    return fig
+
+
 def figure(width: float = WIDE, height: float = 3.6, cols: int = 1, rows: int = 1) -> tuple[Figure, np.ndarray]:
     """A standalone figure (not registered with pyplot, so nothing accumulates in a long-running server), with
     an Agg canvas so that callers and tests can measure its artists after ``fig.canvas.draw()``."""

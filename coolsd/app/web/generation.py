@@ -12,13 +12,14 @@ from concurrent.futures import wait
 import gradio as gr
 
 from ...core.params import clip
-from .. import frames, session, views
+from .. import frames, views
+from .. import session as session_module  # (on_generate's parameter ``session`` is the browser's)
 from .inputs import checked, parse, session_of
-from .panels import theory_outputs, tradeoff_outputs
+from .panels import on_metric, on_theory, theory_outputs, tradeoff_outputs
 from .runtime import current
 
 log = logging.getLogger("coolsd.app")
-LIVE_INTERVAL = session.LIVE_INTERVAL  # (on_generate's parameter ``session`` hides the module)
+LIVE_INTERVAL = session_module.LIVE_INTERVAL
 RACE_WAITING = "The race starts once the timing run has measured every round of AR, Eagle-1 and this method."
 
 
@@ -32,13 +33,26 @@ def on_check(*values) -> None:
     parse(values, load=False)
 
 
+GENERATE_OUTPUTS = ("image_method", "image_eagle", "timings", "caption", "round_slider", "result", "race_image",
+                    "race_text", "shown_serial")  # what on_generate's each yield sets, in order
+
+
+def outputs(**values) -> tuple:
+    """One yield of :func:`on_generate`: the named outputs set, every other left as it is."""
+    return tuple(values.get(name, gr.skip()) for name in GENERATE_OUTPUTS)
+
+
 def on_generate(*values, progress=None, session: str | None = None):
-    """The Generate button: validate, then run both images while showing them drawn round by round (at most
-    every ``LIVE_INTERVAL`` seconds; figures and timings follow). The result is the session's newest
-    from the click on (``Runtime.latest``): an older request still running is stale."""
+    """The Generate button: validate, clear the last run's race, then run both images while showing them drawn
+    round by round (at most every ``LIVE_INTERVAL`` seconds; figures and timings follow). The result is the
+    session's newest from the click on (``Runtime.latest``): an older request still running is stale."""
     state = current()
-    bundle, request = parse(values, progress)
     serial = state.latest.claim(session)
+    # first (before a model load that may fail): the last run's race and caption go, and the serial tells the
+    # page that no older request's picture follows
+    yield outputs(caption="Generating…", race_image=gr.update(value=None, visible=False), race_text=RACE_WAITING,
+                  shown_serial=serial)
+    bundle, request = parse(values, progress)
     started = time.perf_counter()
     shown: dict = {}
 
@@ -47,6 +61,7 @@ def on_generate(*values, progress=None, session: str | None = None):
             raise Replaced
         shown[run] = generation
 
+    reused = session_module.eagle_reused(bundle, request)
     running = state.live_runs.submit(state.compare, request, None, live if state.device.local else None)
     drawn: dict = {}
     length = bundle.config.image_tokens
@@ -59,22 +74,22 @@ def on_generate(*values, progress=None, session: str | None = None):
         if progress is not None and "method" in drawn:
             progress(len(drawn["method"].tokens) / length, desc=f"Generating with {request.label}")
         pictures = {run: views.live_picture(bundle, generation) for run, generation in fresh.items()}
-        yield (pictures.get("method", gr.skip()), pictures.get("eagle", gr.skip()), gr.skip(),
-               views.live_caption(request, drawn, length), gr.skip(), gr.skip())
+        yield outputs(image_method=pictures.get("method", gr.skip()), image_eagle=pictures.get("eagle", gr.skip()),
+                      caption=views.live_caption(request, drawn, length, reused))
     if not state.latest.current(session, serial):
         log.info("generate %s seed=%d: stopped after %.2fs, a newer click replaced it", request.label, request.seed,
                  time.perf_counter() - started)
-        yield tuple(gr.skip() for _ in range(6))  # the newer click's images are (or will be) on the page
-        return
+        return  # the newer click's images are (or will be) on the page
     result = checked(running.result)
     result.serial = serial
     condition = f"class={request.class_id}" if request.class_id is not None else f"prompt={clip(request.prompt, 60)!r}"
     log.info("generate %s model=%s %s seed=%d: %.2fs", request.label, request.model, condition, request.seed,
              time.perf_counter() - started)
     rounds = len(result.method.stats.rounds)
-    yield (gr.update(value=views.enlarge(result.images["method"]), label=method_label),
-           gr.update(value=views.enlarge(result.images["eagle"]), label=eagle_label), views.timing_table(result),
-           views.caption(bundle, request), gr.update(maximum=max(1, rounds - 1), value=0), result)
+    yield outputs(image_method=gr.update(value=views.enlarge(result.images["method"]), label=method_label),
+                  image_eagle=gr.update(value=views.enlarge(result.images["eagle"]), label=eagle_label),
+                  timings=views.timing_table(result), caption=views.caption(bundle, request, result.eagle_reused),
+                  round_slider=gr.update(maximum=max(1, rounds - 1), value=0), result=result)
 
 
 def stale(result, request: gr.Request | None) -> bool:
@@ -82,17 +97,42 @@ def stale(result, request: gr.Request | None) -> bool:
     return result is None or not current().latest.current(session_of(request), result.serial)
 
 
-def on_figures(result, metric, families=None, narrow=False, request: gr.Request | None = None):
+def on_figures(result, metric, families=None, narrow=False, request: gr.Request | None = None,
+               theory: tuple | None = None):
     """Every figure of the last generation (drawn after the images are on screen; ``narrow``: laid out for a
-    phone), unless a newer one of the session has replaced it meanwhile."""
+    phone), unless a newer one of the session has replaced it meanwhile. The theory panel follows ``theory``
+    (the controls as :func:`on_theory` takes them) when given: a method chosen while the images were decoding
+    stays the panel's method."""
     if stale(result, request):
         return [gr.skip()] * 9
     bundle, narrow = current().bundle_of(result.request), bool(narrow)
     figs = views.figures(bundle, result, narrow)
-    theory_fig, theory_md = theory_outputs(result, result.request, "last generation", 0, narrow)
+    theory_fig, theory_md = (on_theory(result, *theory, narrow) if theory is not None
+                             else theory_outputs(result, result.request, "last generation", 0, narrow))
     return (figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
             views.replay_figure(bundle, result, 0, narrow), theory_fig, theory_md,
             *tradeoff_outputs(bundle, result, metric, families, narrow))
+
+
+def on_figures_for_page(request: gr.Request, result, metric, families, narrow, *theory):
+    """:func:`on_figures` as Gradio must see it to pass the request, with the theory panel's controls last."""
+    return on_figures(result, metric, families, narrow, request, theory)
+
+
+def on_width(request: gr.Request, result, metric, families, model, round_index, *theory):
+    """Every figure again, for the page's new width class (``theory``'s last value: narrow, below 600 px; a
+    phone turned, a window resized across it). The run's figures only while it is the session's newest; the
+    theory and trade-off panels always."""
+    narrow = bool(theory[-1])
+    if stale(result, request):  # no run yet, or a newer one is being drawn (its figures follow the new width)
+        runs = [gr.skip()] * 5
+    else:
+        bundle = current().bundle_of(result.request)
+        figs = views.figures(bundle, result, narrow)
+        index = int(round_index) if isinstance(round_index, (int, float)) else 0
+        runs = [figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
+                views.replay_figure(bundle, result, index, narrow)]
+    return (*runs, *on_theory(result, *theory), *on_metric(result, metric, families, model, narrow))
 
 
 def on_timing(result, request: gr.Request | None = None, progress=None):

@@ -16,6 +16,7 @@ from .. import controls, session, views
 from .runtime import current
 
 log = logging.getLogger("coolsd.app")
+INVALID_SETTING = "Invalid setting"  # the title of a refused setting (the API answers it with HTTP 422)
 
 
 def defaults(bundle: Bundle | None = None) -> dict[str, Any]:
@@ -33,7 +34,7 @@ def checked(compute):
         raise
     except ValueError as error:
         log.info("rejected request: %s", clip(str(error), 300))
-        raise gr.Error(str(error), title="Invalid setting", print_exception=False) from None
+        raise gr.Error(str(error), title=INVALID_SETTING, print_exception=False) from None
     except Exception as error:  # keep the server up and say what happened
         log.exception("request failed")
         raise gr.Error(f"Generation failed: {type(error).__name__}: {clip(str(error), 200)}", title="Error",

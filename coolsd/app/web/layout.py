@@ -101,30 +101,35 @@ def results_panel(state: Runtime) -> dict:
     first = state.first_images
     named: dict = {"caption": gr.Markdown(first["caption"], elem_id="caption")}
     with gr.Row():
-        named["image_method"] = gr.Image(first.get("method"), label=first["labels"][0], type="pil", format="png",
-                                         height=300, elem_classes="pixelated", interactive=False)
-        named["image_eagle"] = gr.Image(first.get("eagle"), label=first["labels"][1], type="pil", format="png",
-                                        height=300, elem_classes="pixelated", interactive=False)
+        # the caption above names both (Gradio's label and buttons would cover the picture's top rows)
+        named["image_method"] = gr.Image(first.get("method"), label=first["labels"][0], show_label=False, buttons=[],
+                                         type="pil", format="png", height=300, elem_classes="pixelated",
+                                         interactive=False, elem_id="image-method")
+        named["image_eagle"] = gr.Image(first.get("eagle"), label=first["labels"][1], show_label=False, buttons=[],
+                                        type="pil", format="png", height=300, elem_classes="pixelated",
+                                        interactive=False, elem_id="image-eagle")
     named["timings"] = gr.Markdown(elem_classes="timings", elem_id="timings")
+    shown = views.first_figures(state.bundle, first.get("result"))
+    rounds = len(first["result"].method.stats.rounds) if first.get("result") else 2
     with gr.Tabs(overflow_behavior="wrap"):  # every tab's name in view, on two lines on a phone
         with gr.Tab("Race"):
-            named["race_image"] = gr.Image(show_label=False, type="pil", format="png", interactive=False,
+            named["race_image"] = gr.Image(show_label=False, buttons=[], type="pil", format="png", interactive=False,
                                            elem_id="race-image", elem_classes="race-picture", visible=False)
             named["race_text"] = gr.Markdown(RACE_WAITING, elem_id="race-text", elem_classes="timings")
             named["race_again"] = gr.Button("▶ Race again", size="sm")
         with gr.Tab("Per position"):
-            named["per_position"] = gr.Plot(show_label=False)
+            named["per_position"] = gr.Plot(shown["per_position"], show_label=False, elem_id="per-position")
         with gr.Tab("Accepted lengths"):
-            named["lengths"] = gr.Plot(show_label=False)
+            named["lengths"] = gr.Plot(shown["lengths"], show_label=False, elem_id="lengths")
         with gr.Tab("Acceptance maps"), gr.Row():  # side by side; one above the other on a phone
-            named["map_method"] = gr.Plot(show_label=False, min_width=340)
-            named["map_eagle"] = gr.Plot(show_label=False, min_width=340)
+            named["map_method"] = gr.Plot(shown["map_method"], show_label=False, min_width=340, elem_id="map-method")
+            named["map_eagle"] = gr.Plot(shown["map_eagle"], show_label=False, min_width=340, elem_id="map-eagle")
         with gr.Tab("Replay"):
             with gr.Row():
-                named["round_slider"] = unchecked(gr.Slider(0, 1, value=0, step=1, label="Round",
+                named["round_slider"] = unchecked(gr.Slider(0, max(1, rounds - 1), value=0, step=1, label="Round",
                                                             elem_id="round-slider"))
                 named["play"] = gr.Button("▶ Play", size="sm")
-            named["replay_plot"] = gr.Plot(show_label=False, elem_id="replay-plot")
+            named["replay_plot"] = gr.Plot(shown["replay_plot"], show_label=False, elem_id="replay-plot")
         with gr.Tab("Theory"):
             named.update(theory_tab())
         with gr.Tab("Trade-off"):
@@ -142,7 +147,7 @@ def tradeoff_tab(state: Runtime) -> dict:
              "families": gr.CheckboxGroup(list(choices.items()), value=shown, label="series", elem_id="families"),
              "tradeoff_plot": gr.Plot(value=figure, show_label=False, elem_id="tradeoff-plot"),
              "tradeoff_note": gr.Markdown(views.plain(note, 600) if note else "", elem_id="tradeoff-note")}
-    gr.Markdown(METHOD_NOTES)
+    gr.Markdown(METHOD_NOTES, elem_classes="formulas")  # a phone scrolls its table sideways
     return named
 
 
@@ -178,8 +183,10 @@ def build_demo(state: Runtime | None = None) -> Explorer:
     state = state or current()
     start = defaults(state.bundle)
     with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # image files: an hour
-        named: dict = {"result": gr.State(None), "model_state": gr.State(start["model"]),
-                       "narrow": gr.Checkbox(False, visible=False, elem_id="narrow")}  # set in the browser
+        named: dict = {"result": gr.State(state.first_images.get("result")), "model_state": gr.State(start["model"]),
+                       "narrow": gr.Checkbox(False, visible=False, elem_id="narrow"),  # set in the browser
+                       "relayout": gr.Button("relayout", visible="hidden", elem_id="relayout"),  # clicked by it
+                       "shown_serial": gr.Number(0, visible="hidden", elem_id="shown-serial")}  # events.SHOW_NEW
         gr.Markdown(INTRO)
         named.update(tour_panel())
         with gr.Row():

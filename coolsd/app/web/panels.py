@@ -25,7 +25,7 @@ def theory_outputs(result, request, source, toy_seed, narrow=False):
             result, request, "toy" if source == "toy distributions" else "captured", toy_seed, capture, bool(narrow))
     except ValueError as error:
         return None, f"⚠️ {views.plain(str(error), 600)}"
-    return figure, views.theory_markdown(table, notes, views.scheduled(request.rule))
+    return figure, views.theory_markdown(table, notes, views.scheduled(request.rule), request.label)
 
 
 def on_theory(result, *values):

@@ -93,14 +93,16 @@ def start(say: Callable[[str], None] = lambda message: None) -> Runtime:
 
 
 def first_images(state: Runtime) -> dict:
-    """What the images show before any click: both runs of the starting settings, made once at start-up (not on
-    ZeroGPU, where no CUDA work may run outside a request), with a caption that says so."""
+    """What the page shows before any click: both runs of the starting settings, made once at start-up (not on
+    ZeroGPU, where no CUDA work may run outside a request), with a caption that says so, and the run itself
+    (``result``: each browser session's last generation until its first click, so every tab has it)."""
     start = defaults(state.bundle)
     request = session.parse_controls(state.bundle, [start[name] for name in session.value_names()])
     labels = views.image_labels(request)
     if not state.device.local:
         return {"caption": "Press **Generate**.", "labels": labels}
     made = session.compare(state.bundle, request)
+    caption = (f"{views.caption(state.bundle, request)} Made at start-up with the settings on the left: press "
+               "**Generate** to watch it drawn, and to time it.")
     return {"method": views.enlarge(made.images["method"]), "eagle": views.enlarge(made.images["eagle"]),
-            "labels": labels, "caption": f"{views.caption(state.bundle, request)} Made at start-up with the "
-                                         "settings on the left: press **Generate** to watch it drawn, and to time it."}
+            "labels": labels, "result": made, "caption": caption}

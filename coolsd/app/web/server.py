@@ -4,9 +4,11 @@ API; and :func:`serve`, which launches the page with both."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+from collections.abc import Callable
 
 import gradio as gr
 from fastapi.responses import JSONResponse
@@ -14,12 +16,15 @@ from starlette.middleware import Middleware
 
 from ...core.params import clip
 from .api import OPTIONAL_TRAILING
+from .inputs import INVALID_SETTING
 from .texts import CSS
 from .widgets import unchecked
 
 log = logging.getLogger("coolsd.app")
 SESSIONS_KEPT = 64  # per-session results (about 1 MB each) kept for at most this many browser sessions
-CALL = re.compile(r"/gradio_api/call/([^/]+)/?$")
+BY_NAME = re.compile(r"/gradio_api/(run|api|call/v2|call)/([^/]+)/?$")  # Gradio's routes that run an event by name
+JOIN = re.compile(r"/gradio_api/queue/join/?$")  # ... and by number (what the page uses)
+REFUSAL_TITLES = ("Invalid request", INVALID_SETTING)  # gr.Error titles of a refused value: HTTP 422
 
 
 class Explorer(gr.Blocks):
@@ -69,28 +74,96 @@ class Explorer(gr.Blocks):
 
 
 class KnownEndpoints:
-    """ASGI middleware: ``POST /gradio_api/call/<name>`` for a name that is not a documented endpoint (unknown, an
-    event that runs in the browser, such as the seed dice, or one of the page's own handlers, which Gradio
-    serves there although they are private: ``on_model`` would start loading a 7B model) answers 404 with one
-    readable line. Gradio itself answers an unknown name with HTTP 500 and runs a browser-only one into a
-    traceback."""
+    """ASGI middleware in front of every route by which Gradio runs an event. By name (``POST /gradio_api/run/``,
+    ``/api/``, ``/call/`` and ``/call/v2/``): only the public API; an unknown name, an event that runs in the
+    browser (the seed dice) or one of the page's own handlers (``on_model`` would start loading a 7B model)
+    answers 404 in one line, where Gradio answers 500 with a traceback or runs the handler. By number
+    (``POST /gradio_api/queue/join``): a page handler only as the page itself sends it (with the header
+    ``x-gradio-user: app`` that Gradio's page client adds); an event that does not exist or has no Python function
+    answers 404. A refused call of the API by name answers 422, not Gradio's 500. Not access control: a client
+    that sends what the page sends can do what the page can."""
 
     def __init__(self, app, blocks: gr.Blocks) -> None:
         self.app, self.blocks = app, blocks
 
     def public(self) -> set[str]:
-        """The names callable at /gradio_api/call: events with a Python function that are not private."""
+        """The names callable by name: events with a Python function that are not private."""
         return {fn.api_name for fn in self.blocks.fns.values()
                 if fn.fn and getattr(fn, "api_visibility", "public") != "private"}
 
     async def __call__(self, scope, receive, send) -> None:
-        called = CALL.search(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if called is not None and called.group(1) not in self.public():
-            name = clip(repr(called.group(1)), 80)
-            log.info("rejected request: no endpoint %s", name)
-            response = JSONResponse({"error": f"this app has no endpoint {name}; its API is /generate"}, 404)
-            return await response(scope, receive, send)
+        path = scope.get("path", "") if scope["type"] == "http" and scope["method"] == "POST" else ""
+        if (named := BY_NAME.search(path)) is not None:
+            if named.group(2) not in self.public():
+                return await refuse(f"this app has no endpoint {clip(repr(named.group(2)), 80)}", scope, receive, send)
+            if named.group(1) in ("run", "api"):  # answered at once: a refusal's status is ours to set
+                send = refusals_as_422(send)
+        elif JOIN.search(path):
+            body, receive = await read_body(receive)
+            why = self.unsent_by_page(body, scope)
+            if why:
+                return await refuse(why, scope, receive, send)
         await self.app(scope, receive, send)
+
+    def unsent_by_page(self, body: bytes, scope) -> str | None:
+        """Why a queue join names an event the page would not send (None: it would, or Gradio judges the body)."""
+        try:
+            index = json.loads(body).get("fn_index")
+        except (ValueError, AttributeError):
+            return None  # not a JSON object: Gradio's own 422
+        if not isinstance(index, int):
+            return None
+        fn = self.blocks.fns.get(index)
+        if fn is None or not fn.fn:
+            return f"this app has no event {index}"
+        page = dict(scope.get("headers", [])).get(b"x-gradio-user") == b"app"
+        if getattr(fn, "api_visibility", "public") == "private" and not page:
+            return f"event {index} is the page's own"
+        return None
+
+
+async def read_body(receive) -> tuple[bytes, Callable]:
+    """A request's whole body, and a ``receive`` that hands the app the same messages again."""
+    messages = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body"):
+            break
+
+    async def replay():
+        return messages.pop(0) if messages else await receive()
+    return b"".join(message.get("body", b"") for message in messages), replay
+
+
+async def refuse(why: str, scope, receive, send) -> None:
+    """404 with one readable line, logged once."""
+    log.info("rejected request: %s", why)
+    await JSONResponse({"error": f"{why}; its API is /generate and /generate_batch"}, 404)(scope, receive, send)
+
+
+def refusals_as_422(send) -> Callable:
+    """``send``, but a 500 whose error is one of the app's refusals of a value (:data:`REFUSAL_TITLES`) goes out
+    as 422: the client sent something wrong, the server did not fail. Other 500s pass as they are."""
+    start: dict = {}
+    body: list[bytes] = []
+
+    async def forward(message) -> None:
+        if message["type"] == "http.response.start" and message["status"] == 500:
+            start.update(message)
+            return
+        if not start or message["type"] != "http.response.body":
+            return await send(message)
+        body.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        try:
+            refused = json.loads(b"".join(body)).get("title") in REFUSAL_TITLES
+        except (ValueError, AttributeError):
+            refused = False
+        await send({**start, "status": 422 if refused else 500})
+        await send({"type": "http.response.body", "body": b"".join(body)})
+    return forward
 
 
 def serve(demo: Explorer) -> None:

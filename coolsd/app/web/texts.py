@@ -40,9 +40,14 @@ THEORY_INTRO = ("Exact per-position acceptance rate `beta_i`, TV cost `e_i`, exp
                 "`sum_i (prod_{j<i} beta_j) e_i`.")
 CSS = """
 .pixelated img, .race-picture img { image-rendering: pixelated; }
+/* from a Generate click to its request's first output (events.HIDE_ON_CLICK) */
+body.replaced #image-method img, body.replaced #image-eagle img, body.replaced #caption { visibility: hidden; }
 #generate { position: sticky; bottom: 8px; z-index: 20; box-shadow: 0 2px 10px rgba(0, 0, 0, 0.25); }
 .gradio-container { overflow: clip !important; }  /* clips as Gradio's "hidden" does, but lets #generate stick */
 .timings table { width: 100%; font-size: 0.9em; }
+.formulas table { display: block; overflow-x: auto; }  /* a phone scrolls it rather than break a name */
+.formulas th, .formulas td { overflow-wrap: normal !important; word-break: normal !important; }
+.formulas td:first-child { white-space: nowrap; }
 .timings th, .timings td { white-space: normal; overflow-wrap: normal !important; word-break: normal !important;
                            padding: 4px 6px !important; }
 """
