@@ -205,7 +205,14 @@ def first_figures(bundle: Bundle, result: Comparison | None) -> dict:
     ZeroGPU) what to press to see what."""
     if result is None:
         return {name: plots.message(f"Press Generate to see {what}.") for name, what in TAB_WAITING.items()}
-    return {**figures(bundle, result), "replay_plot": replay_figure(bundle, result, 0)}
+    return dict(zip(TAB_WAITING, run_figures(bundle, result)))
+
+
+def run_figures(bundle: Bundle, result: Comparison, narrow: bool = False, round_index: int = 0) -> list:
+    """The run's figures in :data:`TAB_WAITING`'s order: :func:`figures`, then Replay at ``round_index``."""
+    figs = figures(bundle, result, narrow)
+    return [figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
+            replay_figure(bundle, result, round_index, narrow)]
 
 
 def live_picture(bundle: Bundle, generation: Generation) -> Image.Image:

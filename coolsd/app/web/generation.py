@@ -106,11 +106,9 @@ def on_figures(result, metric, families=None, narrow=False, request: gr.Request 
     if stale(result, request):
         return [gr.skip()] * 9
     bundle, narrow = current().bundle_of(result.request), bool(narrow)
-    figs = views.figures(bundle, result, narrow)
     theory_fig, theory_md = (on_theory(result, *theory, narrow) if theory is not None
                              else theory_outputs(result, result.request, "last generation", 0, narrow))
-    return (figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
-            views.replay_figure(bundle, result, 0, narrow), theory_fig, theory_md,
+    return (*views.run_figures(bundle, result, narrow), theory_fig, theory_md,
             *tradeoff_outputs(bundle, result, metric, families, narrow))
 
 
@@ -127,11 +125,8 @@ def on_width(request: gr.Request, result, metric, families, model, round_index, 
     if stale(result, request):  # no run yet, or a newer one is being drawn (its figures follow the new width)
         runs = [gr.skip()] * 5
     else:
-        bundle = current().bundle_of(result.request)
-        figs = views.figures(bundle, result, narrow)
         index = int(round_index) if isinstance(round_index, (int, float)) else 0
-        runs = [figs["per_position"], figs["lengths"], figs["map_method"], figs["map_eagle"],
-                views.replay_figure(bundle, result, index, narrow)]
+        runs = views.run_figures(current().bundle_of(result.request), result, narrow, index)
     return (*runs, *on_theory(result, *theory), *on_metric(result, metric, families, model, narrow))
 
 
