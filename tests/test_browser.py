@@ -161,7 +161,8 @@ FINAL_IMAGES = """before => { const caption = document.querySelector('#caption')
 TRACKER = "document.querySelector('#per-position [data-testid=status-tracker]')"
 IDLE_FIGURES = f"() => {{ const t = {TRACKER}; return !!t && t.classList.contains('hide'); }}"
 WATCH_FIGURES = f"""() => {{ window.figuresPending = false;
-    new MutationObserver(() => {{ const t = {TRACKER}; if (t && !t.classList.contains('hide')) window.figuresPending = true; }})
+    new MutationObserver(() => {{ const t = {TRACKER};
+                                  if (t && !t.classList.contains('hide')) window.figuresPending = true; }})
         .observe(document.body, {{subtree: true, attributes: true, attributeFilter: ['class']}}); }}"""
 FIGURES_DRAWN = f"""() => {{ const t = {TRACKER}, i = document.querySelector('#per-position img');
     return window.figuresPending && !!t && t.classList.contains('hide') && !!i && !!i.src; }}"""
@@ -454,8 +455,8 @@ def test_server_memory_levels_off_over_ui_generations(server):
                   "class_name": "Trouser", "seed": n,
                   "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "model": "default", "prompt": ""}
         ui_call(server, session, fn["on_generate"], [values[name] for name in value_names()])
-        ui_call(server, session, fn["on_figures_for_page"], [None, "fid", families, False]
-                + [values[name] for name in value_names()] + ["last generation", 0])
+        ui_call(server, session, fn["on_figures_for_page"], [None, "fid", families]
+                + [values[name] for name in value_names()] + ["last generation", 0, False])
         if n % 10 == 0:  # a timing repeats every run: a tenth of the clicks keeps the test short
             ui_call(server, session, fn["on_timing"], [None])
 

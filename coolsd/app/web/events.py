@@ -98,9 +98,9 @@ def generation_steps(ui: dict, start: Callable) -> dict:
     generating = checking.success(
         with_progress(on_generate, session=True), inputs, [ui[name] for name in GENERATE_OUTPUTS],
         concurrency_id="generate", show_progress_on=ui["timings"], trigger_mode="multiple", **PRIVATE)
-    figure_inputs = [ui[name] for name in ("result", "metric", "families")] + theory_inputs(ui)[-1:]
     generating.then(
-        on_figures_for_page, figure_inputs + theory_inputs(ui)[:-1], [ui[name] for name in FIGURES],
+        on_figures_for_page, [ui[name] for name in ("result", "metric", "families")] + theory_inputs(ui),
+        [ui[name] for name in FIGURES],
         trigger_mode="always_last", **PRIVATE).then(
         on_timing_with_progress, ui["result"], [ui["timings"], ui["result"]], api_name="on_timing",
         concurrency_id="generate", show_progress_on=ui["timings"], trigger_mode="always_last", **PRIVATE).then(

@@ -112,9 +112,10 @@ def on_figures(result, metric, families=None, narrow=False, request: gr.Request 
             *tradeoff_outputs(bundle, result, metric, families, narrow))
 
 
-def on_figures_for_page(request: gr.Request, result, metric, families, narrow, *theory):
-    """:func:`on_figures` as Gradio must see it to pass the request, with the theory panel's controls last."""
-    return on_figures(result, metric, families, narrow, request, theory)
+def on_figures_for_page(request: gr.Request, result, metric, families, *theory):
+    """:func:`on_figures` as Gradio must see it to pass the request; ``theory``: the theory panel's inputs, whether
+    the page is narrow last (as :func:`on_width` takes them)."""
+    return on_figures(result, metric, families, theory[-1], request, theory[:-1])
 
 
 def on_width(request: gr.Request, result, metric, families, model, round_index, *theory):
