@@ -5,6 +5,7 @@
 """
 
 import ctypes
+import os
 import time
 
 STARTED = time.perf_counter()
@@ -26,7 +27,16 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         pass
 
 
+def import_spaces_on_zero_gpu() -> None:
+    """On a ZeroGPU Space (``SPACES_ZERO_GPU``, as coolsd.app.web.device reads it; the package itself is on every
+    Space), ``spaces`` first: it patches torch, and refuses to load once CUDA has been touched."""
+    if os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true"):
+        say("ZeroGPU: importing spaces")
+        import spaces  # noqa: F401
+
+
 limit_malloc_arenas()
+import_spaces_on_zero_gpu()
 say("importing gradio and torch")
 import logging
 

@@ -188,7 +188,7 @@ def test_timing_runs_interleave_in_rotating_order(monkeypatch):
 
     def fake_generate(bundle, class_id, rule, draft, sampling, seed, capture=False):
         calls.append((rule.name, class_id, seed, draft.name))
-        return session.Generation([], type("Stats", (), {"seconds": {"total": 0.1}})())
+        return session.Generation([0] * bundle.config.image_tokens, type("Stats", (), {"seconds": {"total": 0.1}})())
 
     monkeypatch.setattr(session, "generate", fake_generate)
     request = session.parse_controls(STATE.bundle, controls(seed=9))
@@ -881,7 +881,7 @@ def test_the_live_caption_words_one_target_forward_in_the_singular():
     request = session.parse_controls(STATE.bundle, controls(method="AR (no drafting)"))
     stats = GenerationStats("ar", {}, "chain:0", 0, 0, 0, {}, [])
     stats.rounds = [Round(0, [], [], [], {}, [3], FIRST)]
-    text = views.live_caption(request, {"method": Generation([3], stats)}, 64)
+    text = views.live_caption(request, {"method": views.made_so_far(Generation([3], stats))}, 64)
     assert text == "Generating… **AR (no drafting)**: 1 of 64 tokens, 1 target forward (seed 0)"
 
 
@@ -891,7 +891,8 @@ def test_the_live_caption_says_eagles_image_is_an_earlier_one_shown_again():
     request = session.parse_controls(STATE.bundle, controls())
     stats = GenerationStats("cool", {}, "chain:5", 0, 0, 0, {}, [])
     stats.rounds = [Round(0, [], [], [], {}, [3], FIRST)]
-    shown = {"method": Generation([3], stats), "eagle": Generation([3] * 64, stats)}
+    shown = {"method": views.made_so_far(Generation([3], stats)),
+             "eagle": views.made_so_far(Generation([3] * 64, stats))}
     reused = views.live_caption(request, shown, 64, eagle_reused=True)
     assert "**Eagle-1 (lossless, chain:5)**: made earlier for this setting, shown again" in reused
     assert "64 of 64" not in reused and "**COOL-SD (chain:5)**: 1 of 64 tokens" in reused

@@ -307,7 +307,8 @@ def test_the_ui_loads_models_in_their_own_queue_and_generate_never_loads_one():
 def test_a_generation_is_not_delayed_by_slow_model_loads(broken_dir, monkeypatch):
     """The real app and queue: two visitors choose a model whose load takes 8 s; a third one's generation,
     sent meanwhile, comes back without waiting for them."""
-    from test_browser import GOOD, api_call, free_port, ui_call
+    from app_process import free_port
+    from test_browser import GOOD, api_call, ui_call
 
     monkeypatch.setattr(STATE.models, "loader", HubClient(seconds=8.0))
     port = free_port()

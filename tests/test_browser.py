@@ -5,9 +5,7 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from app_process import ROOT, start_app
 from gradio_client import Client
 from playwright.sync_api import expect, sync_playwright
 from test_model_json import GPT_ARGS, VQ_ARGS, model_dir  # noqa: F401 (model_dir: a tiny text-to-image model)
@@ -29,19 +28,12 @@ from coolsd.models.bundle import Bundle, Drafter, Transformer, save_bundle
 from coolsd.models.config import ModelConfig
 from coolsd.toy.data import CLASS_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
 TEST_TIMING_REPEATS = 2
 # ms: a generation may queue behind earlier pages' timings still running in the server's two generate slots
 WAIT_MS = 180000
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -72,7 +64,6 @@ def server(tmp_path_factory, model_dir):  # noqa: F811
     """``python app.py`` on a free localhost port, as a user would start it, offline, with the tiny text model,
     a slow random model, a broken model directory (its weights are missing), a directory whose model.json is no
     object and one that does not exist in its COOLSD_MODELS."""
-    port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
     broken = tmp_path_factory.mktemp("broken")
     (broken / "model.json").write_text(json.dumps({"family": "llamagen", "name": "broken", "gpt": "missing.pt",
@@ -84,27 +75,13 @@ def server(tmp_path_factory, model_dir):  # noqa: F811
     missing = tmp_path_factory.mktemp("gone") / "missing"
     # two timing repeats instead of five: every generation's timing runs on in the server while later tests
     # use the page, and the repeats are what the in-process tests of test_app check
-    env = dict(os.environ, GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False",
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False",
                COOLSD_MODELS=os.pathsep.join(map(str, [model_dir, broken, slow, not_an_object, missing])),
                HF_HUB_OFFLINE="1",
                COOLSD_TIMING_REPEATS=str(TEST_TIMING_REPEATS))
     env.pop("COOLSD_THREADS", None)
     started = time.perf_counter()
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"app exited early:\n{log.read_text()}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            break
-        except OSError:
-            time.sleep(0.25)
-    else:
-        process.kill()
-        raise RuntimeError(f"app did not start:\n{log.read_text()}")
+    process, url = start_app(env, log)
     yield Server(url, process, log, time.perf_counter() - started)
     process.terminate()
     process.wait(timeout=20)

@@ -25,7 +25,7 @@ ALLOWED = {
     "toy": ({"core", "models", "toy", "distill"}, {"torch", "numpy", "safetensors", "torchmetrics", "tqdm", "PIL"}),
     "distill": ({"core", "models", "distill"}, {"torch", "numpy", "safetensors", "tqdm"}),
     "app": ({"core", "models", "app"}, {"torch", "numpy", "matplotlib", "PIL"}),
-    "app/web": ({"core", "models", "app", "app/web"}, {"torch", "gradio", "fastapi", "starlette", "spaces"}),
+    "app/web": ({"core", "models", "app", "app/web"}, {"torch", "gradio", "fastapi", "starlette", "spaces", "PIL"}),
     # the command line draws the study's figures with the app's plotting code (bench --plots)
     "cli": ({"core", "models", "cli", "app"}, {"torch", "numpy", "tqdm", "PIL"}),
 }

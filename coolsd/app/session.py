@@ -9,9 +9,11 @@ import os
 import statistics
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
 
 import torch
 
@@ -157,6 +159,31 @@ class Request:
     def param_dict(self) -> dict:
         return dict(self.params)
 
+    def __reduce__(self):
+        """A request crosses processes (ZeroGPU's worker) as its setting alone: its rule and tree, which may hold
+        the model's tensors (LANTERN++'s neighbours on the GPU), are rebuilt there for its model (:func:`rebuilt`)."""
+        return unpickled_request, ({**{f.name: getattr(self, f.name) for f in fields(self)}, "rule": None,
+                                    "tree": None},)
+
+    def __copy__(self) -> Request:
+        return self  # immutable: a copy (gr.State deep-copies its values) is the request itself, rule and all
+
+    def __deepcopy__(self, memo) -> Request:
+        return self
+
+
+def unpickled_request(values: dict) -> Request:
+    return Request(**values)
+
+
+def rebuilt(bundle: Bundle, request: Request) -> Request:
+    """``request`` with its rule and draft tree, built for ``bundle`` as :func:`parse_request` builds them, when it
+    crossed a process without them (:meth:`Request.__reduce__`)."""
+    if request.rule is not None and request.tree is not None:
+        return request
+    tree = model_draft(bundle, request.draft)
+    return replace(request, rule=build_rule(request.method, request.param_dict, tree.depth, bundle), tree=tree)
+
 
 def method_params(name: str, fixed: dict, raw: Mapping) -> dict:
     """Method ``name``'s parameters: those its entry fixes, the others checked against its schema (an absent
@@ -259,6 +286,11 @@ class ResultCache:
 
     def __init__(self, size: int = 32) -> None:
         self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+        os.register_at_fork(after_in_child=self.forked)
+
+    def forked(self) -> None:
+        """In a forked child (ZeroGPU's worker): the lock anew, in case another thread held it at the fork."""
+        self.lock = threading.Lock()
 
     def get_or_run(self, key, run):
         with self.lock:
@@ -333,9 +365,28 @@ class Latest:
             return self.newest.get(session, serial) == serial
 
 
-# One long-lived thread for the Eagle-1 runs that go alongside a request's own: a thread per request would give
-# the allocator a new arena each time, and the server's memory would keep growing.
-SIDE_RUNS = ThreadPoolExecutor(1, thread_name_prefix="eagle-alongside")
+POOLS: dict[tuple[str, int], ThreadPoolExecutor] = {}
+POOLS_LOCK = threading.Lock()
+
+
+def long_lived_threads(name: str, workers: int = 1) -> ThreadPoolExecutor:
+    """A few long-lived threads named ``name`` of this process: a thread per request would give the allocator a
+    new arena each time, and the server's memory would keep growing. Made anew in a forked process (ZeroGPU's
+    worker), where the parent's threads do not exist and its pool would wait for them forever."""
+    key = (name, os.getpid())
+    with POOLS_LOCK:
+        if key not in POOLS:
+            POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix=name)
+        return POOLS[key]
+
+
+def fresh_pools_lock() -> None:
+    """In a forked child: the lock anew (another of the parent's threads may have held it at the fork)."""
+    global POOLS_LOCK
+    POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=fresh_pools_lock)
 
 
 def side_by_side(bundle: Bundle) -> bool:
@@ -388,7 +439,7 @@ def compare(bundle: Bundle, request: Request, progress=None, live: Live | None =
         method = eagle = EAGLE_CACHE.get_or_run(key, run_eagle)
     elif side_by_side(bundle):
         say(0.1, desc=f"Generating with {request.label} and Eagle-1 (lossless), side by side")
-        eagle_run = SIDE_RUNS.submit(EAGLE_CACHE.get_or_run, key, run_eagle)
+        eagle_run = long_lived_threads("eagle-alongside").submit(EAGLE_CACHE.get_or_run, key, run_eagle)
         if live is not None:  # a cached run shows at once, whole
             eagle_run.add_done_callback(lambda done: done.exception() or live("eagle", done.result()))
         method = run_method()
@@ -437,6 +488,7 @@ class Timing:
     dtype: str = "float32"
     steps: str = "eager"  # coolsd.models.steps.MODES
     runs: dict[str, Generation] = field(default_factory=dict, repr=False)  # each run's repeat of median latency
+    images: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # their pictures (the race's lanes)
 
     @property
     def repeats(self) -> int:
@@ -458,13 +510,15 @@ class Timing:
                 **{f"speedup_vs_ar_{run}": self.speedup(run) for run in ("eagle", "method")}}
 
 
-def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS,
-                  stop: Callable[[], bool] | None = None, progress=None) -> Timing | None:
+Progress = tuple[float, str]  # a timing run's progress: the fraction done, and what runs now
+
+
+def timing_runs(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS) -> Iterator[Progress | Timing]:
     """Time AR, Eagle-1 and the chosen method ``repeats`` times each, interleaved, in rotating order (no run
-    always goes first); the same class, seed and sampling as the images, so the tokens are the same too.
-    Each run's repeat of median latency is kept (the race replays its rounds). None as soon as ``stop()`` is
-    true before a run: nobody waits for those numbers any more. ``progress(fraction, desc=...)`` hears of
-    each run."""
+    always goes first); the same class, seed and sampling as the images, so the tokens are the same too. Yields
+    its progress before each run, then the :class:`Timing`, with each run's repeat of median latency and its
+    picture (the race replays its rounds). A generator, so that whoever waits can stop it between two runs by
+    closing it: nobody waits for those numbers any more."""
     runs = {"ar": AR(), "eagle": Eagle()}
     if request.method not in runs:
         runs["method"] = request.rule
@@ -476,11 +530,8 @@ def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEAT
             generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed)
     for repeat in range(repeats):
         for k, run in enumerate(order[repeat % len(order):] + order[:repeat % len(order)]):
-            if stop is not None and stop():
-                return None
-            if progress is not None:
-                progress((repeat * len(order) + k) / (repeats * len(order)),
-                         desc=f"Timing AR, Eagle-1 and {request.label}: repeat {repeat + 1} of {repeats}")
+            yield ((repeat * len(order) + k) / (repeats * len(order)),
+                   f"Timing AR, Eagle-1 and {request.label}: repeat {repeat + 1} of {repeats}")
             made[run].append(generate(bundle, cls, runs[run], request.tree, request.sampling, request.seed))
     seconds = {run: [g.stats.seconds["total"] for g in generations] for run, generations in made.items()}
     middle = {run: sorted(generations, key=lambda g: g.stats.seconds["total"])[(len(generations) - 1) // 2]
@@ -488,7 +539,22 @@ def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEAT
     if "method" not in seconds:  # AR or Eagle-1 chosen: it is one of the two
         seconds["method"] = seconds[request.method]
     dtype = str(bundle.dtype).removeprefix("torch.")
-    return Timing(seconds, torch.get_num_threads(), device_name(bundle.device), dtype, bundle.steps, middle)
+    yield Timing(seconds, torch.get_num_threads(), device_name(bundle.device), dtype, bundle.steps, middle,
+                 {run: bundle.image(generation.tokens) for run, generation in middle.items()})
+
+
+def measure_speed(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS,
+                  stop: Callable[[], bool] | None = None, progress=None) -> Timing | None:
+    """:func:`timing_runs` to the end, for a caller that waits: None as soon as ``stop()`` is true before a run;
+    ``progress(fraction, desc=...)`` hears of each run."""
+    for step in timing_runs(bundle, request, repeats):
+        if isinstance(step, Timing):
+            return step
+        if stop is not None and stop():
+            return None
+        if progress is not None:
+            progress(step[0], desc=step[1])
+    raise AssertionError("timing_runs ends with its Timing")
 
 
 def fast_steps(bundle: Bundle, zero_gpu: bool = False) -> Bundle:

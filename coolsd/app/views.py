@@ -19,6 +19,7 @@ from PIL import Image
 from ..core.decode import Generation
 from ..core.params import Param, clip, counted
 from ..core.rules import RULES, AcceptanceRule, ModelTables, build_rule, omega_schedule, param, resolve_mu
+from ..core.stats import Round
 from ..core.theory import captured_theory, chain_theory, toy_chain, toy_neighbours
 from ..core.trees import JacobiWindow, parse_draft
 from ..models.bundle import Bundle
@@ -215,26 +216,36 @@ def run_figures(bundle: Bundle, result: Comparison, narrow: bool = False, round_
             replay_figure(bundle, result, round_index, narrow)]
 
 
-def live_picture(bundle: Bundle, generation: Generation) -> Image.Image:
-    """A run's image so far, for the live view: its tokens decoded (the positions not generated yet filled with
-    its first token, an image token, so that a decoder that checks its positions accepts them; then covered) with
-    the last round's tokens coloured (:func:`frames.progress_frame`)."""
+def live_pixels(bundle: Bundle, generation: Generation) -> np.ndarray:
+    """A run's image so far, at the decoder's size (the model's work, small to send on): its tokens decoded, the
+    positions not generated yet filled with its first token, an image token, so that a decoder that checks its
+    positions accepts them (:func:`live_picture` covers them)."""
     length = bundle.config.image_tokens
     tokens = generation.tokens[:length]
-    pixels = np.asarray(enlarge(bundle.image(tokens + tokens[:1] * (length - len(tokens)))))
-    rounds = generation.stats.rounds
-    return Image.fromarray(frames.progress_frame(frames.rgb_pixels(pixels), grid_of(bundle), len(tokens),
-                                                 rounds[-1] if rounds else None))
+    return bundle.image(tokens + tokens[:1] * (length - len(tokens)))
 
 
-def live_caption(request: Request, shown: dict[str, Generation], length: int, eagle_reused: bool = False) -> str:
+def live_picture(pixels: np.ndarray, grid: tuple[int, int], made: int, last: Round | None) -> Image.Image:
+    """The live view's picture of a run's image so far (:func:`live_pixels`, ``made`` tokens of it): enlarged,
+    the cells not generated yet covered and the last round's tokens coloured (:func:`frames.progress_frame`)."""
+    enlarged = frames.rgb_pixels(np.asarray(enlarge(pixels)))
+    return Image.fromarray(frames.progress_frame(enlarged, grid, made, last))
+
+
+Made = tuple[int, int]  # how far a run in progress has got: its tokens, and the target forwards they took
+
+
+def made_so_far(generation: Generation) -> Made:
+    return len(generation.tokens), generation.stats.target_forwards
+
+
+def live_caption(request: Request, shown: dict[str, Made], length: int, eagle_reused: bool = False) -> str:
     """The caption while both runs are in progress: how far each has got (of ``length`` tokens); Eagle-1's run,
     when it is an earlier one shown again, says so."""
     method, eagle = image_labels(request)
 
-    def progress(label: str, generation: Generation) -> str:
-        return (f"**{plain(label)}**: {len(generation.tokens)} of {counted(length, 'token')}, "
-                f"{counted(generation.stats.target_forwards, 'target forward')}")
+    def progress(label: str, made: Made) -> str:
+        return f"**{plain(label)}**: {made[0]} of {counted(length, 'token')}, {counted(made[1], 'target forward')}"
 
     parts = [progress(method, shown["method"])] if shown.get("method") is not None else []
     if eagle_reused and request.method != "eagle":
@@ -247,7 +258,7 @@ def live_caption(request: Request, shown: dict[str, Generation], length: int, ea
 RACE_RUNS = (("ar", "AR"), ("eagle", "Eagle-1"), ("method", None))  # lanes, top to bottom of the table
 
 
-def race_lanes(bundle: Bundle, result: Comparison) -> list[frames.Lane]:
+def race_lanes(result: Comparison) -> list[frames.Lane]:
     """The race's lanes: AR, Eagle-1 and the chosen method (when it is neither), each its timing run of median
     latency with its own image, finishing at the timing table's median latency."""
     timing = result.timing
@@ -256,7 +267,7 @@ def race_lanes(bundle: Bundle, result: Comparison) -> list[frames.Lane]:
         if run not in timing.runs:  # "method" is timed only when it is neither AR nor Eagle-1
             continue
         generation = timing.runs[run]
-        pixels = np.asarray(enlarge(bundle.image(generation.tokens)))
+        pixels = np.asarray(enlarge(timing.images[run]))  # made with the timing (on ZeroGPU, in its worker)
         lanes.append(frames.Lane(name or result.request.label, frames.rgb_pixels(pixels), generation.stats,
                                  timing.latency(run)[0]))
     return lanes

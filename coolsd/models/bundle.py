@@ -50,10 +50,15 @@ def set_threads(threads: int | None = None) -> int:
     return threads
 
 
+CUDA_ASKED = False  # whether this process has asked torch for CUDA (ZeroGPU's `spaces` must come before: app.py)
+
+
 def pick_device(device: str | None = None) -> torch.device:
     """The requested device, else CUDA when present, else CPU."""
+    global CUDA_ASKED
     if device:
         return torch.device(device)
+    CUDA_ASKED = True
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

@@ -9,12 +9,13 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from ...core.params import check, shorten
+from ...core.params import PARAMS, Choice, Param, check, shorten
 from ...core.rules import schema
 from ...models.bundle import Bundle
 from .. import session, views
 from ..controls import model_defaults
-from .inputs import checked, defaults
+from . import gpu
+from .inputs import checked, checked_steps, defaults
 from .runtime import current
 
 API_DRAFT = "chain:5"  # the API's documented default draft (a model without a draft model takes its own instead)
@@ -69,10 +70,9 @@ def generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: s
     request = api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k,
                           top_p, schedule, model, prompt, ranks, gap, dist)
     repeats = checked(lambda: check("timing_repeats", timing_repeats))
-    state = current()
-    result = checked(lambda: state.compare(request, None))
+    *_, result = checked_steps(gpu.compare(request, live=False))
     if repeats:
-        result.timing = checked(lambda: state.measure(request, repeats))  # on ZeroGPU too, like the UI's timing
+        *_, result.timing = checked_steps(gpu.measure(request, repeats))  # on ZeroGPU too, like the UI's timing
     return views.api_payload(result)
 
 
@@ -88,13 +88,14 @@ def generate_batch(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7,
     checked_seeds = checked(lambda: session.check_seeds(seeds))
     request = api_request(method, delta, nu, mu, k, lam, draft, class_name, checked_seeds[0], cfg_scale, temperature,
                           top_k, top_p, schedule, model, prompt, ranks, gap, dist)
-    return views.api_batch_payload(checked(lambda: current().compare_batch(request, checked_seeds)))
+    return views.api_batch_payload(checked(lambda: gpu.compare_batch(request, checked_seeds)))
 
 
 def documented(endpoint: Callable, start: dict[str, Any]) -> Callable:
     """``endpoint`` as Gradio lists and calls it: its model-dependent values (``MODEL_VALUES``, ``MODEL_OWN`` in
     Python) default to the default model's ``start`` values, with their plain types, so that the API page shows
-    the values a call that leaves them out gets."""
+    the values a call that leaves them out gets; its docstring ends with a line per value (:func:`value_notes`),
+    which Gradio's MCP server gives each tool parameter."""
     hints = typing.get_type_hints(endpoint)
     parameters = [parameter.replace(annotation=hints[name]) if name not in MODEL_VALUES else
                   parameter.replace(annotation=plain(hints[name]), default=start[name])
@@ -105,9 +106,39 @@ def documented(endpoint: Callable, start: dict[str, Any]) -> Callable:
         return endpoint(*args, **kwargs)
 
     call.__signature__ = inspect.Signature(parameters, return_annotation=hints["return"])
+    notes = value_notes()
+    call.__doc__ = inspect.getdoc(endpoint) + "\n\nArgs:\n" + "\n".join(
+        f"    {parameter.name}: {notes[parameter.name]}" for parameter in parameters)
     call.__annotations__ = {**{parameter.name: parameter.annotation for parameter in parameters},
                             "return": hints["return"]}
     return call
+
+
+def value_notes() -> dict[str, str]:
+    """One line per API value, read from the registry now: what it is, its range, and for a method's parameter
+    the entries that take it. An MCP client reads nothing else about a tool's parameters (no docs/app.md)."""
+    notes = {control.name: f"{param_note(control.schema)}; taken by {', '.join(sorted(control.labels))}"
+             for control in session.method_controls()}
+    notes.update({name: param_note(PARAMS[name]) for name in ("cfg_scale", "temperature", "top_p", "seed")})
+    seed = PARAMS["seed"]
+    return {**notes, "lam": notes["lambda"],
+            "method": "the method, one of " + ", ".join(session.method_entries()),
+            "draft": "the draft structure, one of " + ", ".join(session.DRAFTS),
+            "class_name": "the class to draw, one of the model's class names (a class-to-image model)",
+            "top_k": "Top-k: sample among the k likeliest tokens, 0 (off) to the model's vocabulary size",
+            "timing_repeats": f"{param_note(PARAMS['timing_repeats'])}: above 0, also time AR, Eagle-1 and the "
+                              "method that many times each, interleaved",
+            "model": "one of the app's model choices (empty: the default model)",
+            "prompt": f"a text-to-image model's prompt, at most {session.PROMPT_CHARS} characters (it takes this, "
+                      "not class_name)",
+            "seeds": f"a list of 1 to {session.BATCH_SEEDS} seeds, each {seed.span()} (whole)"}
+
+
+def param_note(param: Param | Choice) -> str:
+    """A registry parameter in words: its label, its range or choices, and its help."""
+    allowed = ("one of " + ", ".join(param.choices) if isinstance(param, Choice) else
+               param.span() + (" (whole)" if param.integer else ""))
+    return "; ".join(part for part in (param.label, allowed, param.help) if part)
 
 
 def plain(hint):

@@ -7,24 +7,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from concurrent.futures import wait
+from contextlib import closing
 
 import gradio as gr
 
 from ...core.params import clip
 from .. import frames, views
 from .. import session as session_module  # (on_generate's parameter ``session`` is the browser's)
-from .inputs import checked, parse, session_of
+from . import gpu
+from .inputs import checked_steps, parse, session_of
 from .panels import on_metric, on_theory, theory_outputs, tradeoff_outputs
 from .runtime import current
 
 log = logging.getLogger("coolsd.app")
 LIVE_INTERVAL = session_module.LIVE_INTERVAL
 RACE_WAITING = "The race starts once the timing run has measured every round of AR, Eagle-1 and this method."
-
-
-class Replaced(Exception):
-    """Raised in a generation's live view once a newer click of its browser session has replaced it."""
 
 
 def on_check(*values) -> None:
@@ -54,33 +51,31 @@ def on_generate(*values, progress=None, session: str | None = None):
                   shown_serial=serial)
     bundle, request = parse(values, progress)
     started = time.perf_counter()
-    shown: dict = {}
-
-    def live(run: str, generation) -> None:
-        if not state.latest.current(session, serial):  # a newer click: stop decoding this one (its runs end here)
-            raise Replaced
-        shown[run] = generation
-
-    reused = session_module.eagle_reused(bundle, request)
-    running = state.live_runs.submit(state.compare, request, None, live if state.device.local else None)
     drawn: dict = {}
-    length = bundle.config.image_tokens
+    length, grid = bundle.config.image_tokens, views.grid_of(bundle)
     method_label, eagle_label = views.image_labels(request)
-    while not wait([running], timeout=LIVE_INTERVAL).done:
-        fresh = {run: generation for run, generation in list(shown.items()) if drawn.get(run) is not generation}
-        if not fresh or not state.latest.current(session, serial):
-            continue
-        drawn.update(fresh)
-        if progress is not None and "method" in drawn:
-            progress(len(drawn["method"].tokens) / length, desc=f"Generating with {request.label}")
-        pictures = {run: views.live_picture(bundle, generation) for run, generation in fresh.items()}
-        yield outputs(image_method=pictures.get("method", gr.skip()), image_eagle=pictures.get("eagle", gr.skip()),
-                      caption=views.live_caption(request, drawn, length, reused))
-    if not state.latest.current(session, serial):
+    reused = session_module.eagle_reused(bundle, request)
+    result, shown = None, -LIVE_INTERVAL
+    # a newer click stops the runs: it closes the steps here, or the runs see it (session, serial)
+    with closing(checked_steps(gpu.compare(request, owner=(session, serial)))) as steps:
+        for step in steps:
+            if not state.latest.current(session, serial):
+                break
+            if isinstance(step, session_module.Comparison):
+                result = step
+                continue
+            time.sleep(max(0.0, shown + LIVE_INTERVAL - time.perf_counter()))  # meanwhile newer frames merge
+            drawn.update(step.made)
+            if progress is not None and "method" in drawn:
+                progress(drawn["method"][0] / length, desc=f"Generating with {request.label}")
+            pictures = step.pictures(grid)
+            shown = time.perf_counter()
+            yield outputs(image_method=pictures.get("method", gr.skip()), image_eagle=pictures.get("eagle", gr.skip()),
+                          caption=views.live_caption(request, drawn, length, reused))
+    if result is None or not state.latest.current(session, serial):
         log.info("generate %s seed=%d: stopped after %.2fs, a newer click replaced it", request.label, request.seed,
                  time.perf_counter() - started)
         return  # the newer click's images are (or will be) on the page
-    result = checked(running.result)
     result.serial = serial
     condition = f"class={request.class_id}" if request.class_id is not None else f"prompt={clip(request.prompt, 60)!r}"
     log.info("generate %s model=%s %s seed=%d: %.2fs", request.label, request.model, condition, request.seed,
@@ -141,10 +136,15 @@ def on_timing(result, request: gr.Request | None = None, progress=None):
 
     if replaced() or result.timing is not None:
         return gr.skip(), gr.skip()
-    started, state = time.perf_counter(), current()
-    local = state.device.local  # ZeroGPU: arguments are pickled
-    timing = checked(lambda: state.measure(result.request, stop=replaced if local else None,
-                                           progress=progress if local else None))
+    started, timing = time.perf_counter(), None
+    with closing(checked_steps(gpu.measure(result.request))) as steps:
+        for step in steps:
+            if replaced():
+                break  # closed: the timing run stops before its next run
+            if isinstance(step, session_module.Timing):
+                timing = step
+            elif progress is not None:
+                progress(step[0], desc=step[1])
     dropped = timing is None or replaced()
     log.info("timing %s seed=%d: %.2fs%s", result.request.label, result.request.seed, time.perf_counter() - started,
              " (dropped: a newer generation replaced it)" if dropped else "")
@@ -168,9 +168,8 @@ def on_race(result, request: gr.Request | None = None):
         return
     if stale(result, request):
         return
-    bundle = current().bundle_of(result.request)
-    lanes = views.race_lanes(bundle, result)
-    factor, grid = frames.slowdown(lanes), views.grid_of(bundle)
+    lanes = views.race_lanes(result)
+    factor, grid = frames.slowdown(lanes), views.grid_of(current().bundle_of(result.request))
     began = time.perf_counter()
     for clock in frames.race_clocks(lanes, factor):
         if stale(result, request):

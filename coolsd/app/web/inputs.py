@@ -4,7 +4,8 @@ input as one readable message in the UI (never a stack trace) and one line in th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import gradio as gr
@@ -39,6 +40,17 @@ def checked(compute):
         log.exception("request failed")
         raise gr.Error(f"Generation failed: {type(error).__name__}: {clip(str(error), 200)}", title="Error",
                        print_exception=False) from None
+
+
+END = object()
+
+
+def checked_steps(steps: Iterator) -> Iterator:
+    """``steps`` with each step :func:`checked`: bad input or a failure at any step is one readable error.
+    Closing it closes ``steps`` (a GPU call's: its work stops there)."""
+    with closing(steps):
+        while (step := checked(lambda: next(steps, END))) is not END:
+            yield step
 
 
 def ranged_params() -> dict[str, Param]:

@@ -10,7 +10,7 @@ from ...core.params import PARAMS, Choice
 from ...models.registry import EXAMPLE_PROMPTS
 from .. import models, session, tour, views
 from ..controls import OMEGA_LINE, drafting_labels, method_boxes, word_label
-from . import events
+from . import events, gpu
 from .generation import RACE_WAITING
 from .inputs import defaults
 from .runtime import Runtime, current
@@ -181,6 +181,7 @@ def build_demo(state: Runtime | None = None) -> Explorer:
     registry now (a method registered before the call gets its controls); ``demo.named`` maps names (value
     names, outputs) to components."""
     state = state or current()
+    gpu.place_all()  # before launch: ZeroGPU wants its functions wrapped by then
     start = defaults(state.bundle)
     with Explorer(title="coolsd explorer", delete_cache=(3600, 3600)) as demo:  # image files: an hour
         named: dict = {"result": gr.State(state.first_images.get("result")), "model_state": gr.State(start["model"]),

@@ -1,37 +1,30 @@
 """The app's running state, made once per process by :func:`start`: the default model (loaded and warmed up),
-the model selector's store, each browser session's newest generation, the live view's worker threads, the device
-adapter, and what the page opens with (the first images, the tour's numbers). Handlers reach it with
-:func:`current` (Gradio passes them component values only); importing this module loads nothing and starts no
-thread."""
+the model selector's store, each browser session's newest generation, the device adapter and its GPU budget,
+and what the page opens with (the first images, the tour's numbers). Handlers reach it with :func:`current`
+(Gradio passes them component values only); importing this module loads nothing and starts no thread."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ...models.bundle import Bundle, load_bundle, random_bundle, set_threads
 from .. import models, session, tour, views
 from ..controls import defaults
+from .budget import Budget
 from .device import Device
 
 
 @dataclass
 class Runtime:
-    """Everything the handlers share. ``compare``, ``compare_batch`` and ``measure`` run GPU work where the
-    device says (:meth:`Device.place`)."""
+    """Everything the handlers share. GPU work runs through :mod:`.gpu`, where the device says."""
 
     bundle: Bundle  # the default model
     models: models.Models  # the selector's models: the default now, the others loaded on first use
     device: Device
-    compare: Callable
-    compare_batch: Callable
-    measure: Callable
+    budget: Budget = field(default_factory=Budget)  # what each ZeroGPU call asks for
     latest: session.Latest = field(default_factory=session.Latest)  # each browser session's newest generation
-    # The generations whose pictures are streamed while they run (a few long-lived threads: a thread per request
-    # would give the allocator a new arena each time).
-    live_runs: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="live"))
     tour_facts: dict = field(default_factory=lambda: tour.study_facts(tour.read_study()))  # numbers the tour cites
     first_images: dict = field(default_factory=dict)  # :func:`first_images`
 
@@ -58,17 +51,17 @@ def load_model() -> Bundle:
     return load_bundle(choice or None)
 
 
-def run_comparison(request: session.Request, progress=None, live=None) -> session.Comparison:
-    return session.compare(current().bundle_of(request), request, progress, live)
-
-
-def run_batch(request: session.Request, seeds: list[int]) -> list[session.Comparison]:
-    return session.compare_batch(current().bundle_of(request), request, seeds)
-
-
-def run_timing(request: session.Request, repeats: int = session.TIMING_REPEATS,
-               stop: Callable[[], bool] | None = None, progress=None) -> session.Timing | None:
-    return session.measure_speed(current().bundle_of(request), request, repeats, stop, progress)
+def load_every_choice(store: models.Models, say: Callable[[str], None]) -> None:
+    """Every model of the selector, loaded now: on ZeroGPU the weights must be in place before the first request
+    (the worker is a fork of this process, and ZeroGPU moves the weights placed at start-up), not loaded in a
+    request. A model that cannot load is left out with one log line, as a visitor's choice of it would say."""
+    for choice in store.choices():
+        if choice.source is not None:
+            say(f"loading {choice.key}")
+            try:
+                store.get(choice.key)
+            except ValueError as error:
+                say(f"left out: {error}")
 
 
 def start(say: Callable[[str], None] = lambda message: None) -> Runtime:
@@ -85,8 +78,9 @@ def start(say: Callable[[str], None] = lambda message: None) -> Runtime:
         say("warming up")
         session.warm_up(bundle)
     store = models.Models(bundle, lambda key: session.fast_steps(load_bundle(key), zero_gpu=device.zero_gpu))
-    RUNTIME = Runtime(bundle, store, device, device.place(run_comparison), device.place(run_batch),
-                      device.place(run_timing))
+    if device.zero_gpu:
+        load_every_choice(store, say)
+    RUNTIME = Runtime(bundle, store, device)
     say("making the first images")
     RUNTIME.first_images = first_images(RUNTIME)
     return RUNTIME

@@ -1,6 +1,6 @@
 """What stands between a request and a handler: ``Explorer``, the ``gr.Blocks`` whose endpoints answer malformed
 input with one readable line, and ``KnownEndpoints``, the HTTP guard that answers 404 for anything but the public
-API; and :func:`serve`, which launches the page with both."""
+API; and :func:`serve`, which launches the page with both, and with the public API's MCP server (``tools``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from fastapi.responses import JSONResponse
 from starlette.middleware import Middleware
 
 from ...core.params import clip
+from ..models import OFF, ON
 from .api import OPTIONAL_TRAILING
 from .inputs import INVALID_SETTING
 from .texts import CSS
+from .tools import ToolServer
 from .widgets import unchecked
 
 log = logging.getLogger("coolsd.app")
@@ -25,6 +27,7 @@ SESSIONS_KEPT = 64  # per-session results (about 1 MB each) kept for at most thi
 BY_NAME = re.compile(r"/gradio_api/(run|api|call/v2|call)/([^/]+)/?$")  # Gradio's routes that run an event by name
 JOIN = re.compile(r"/gradio_api/queue/join/?$")  # ... and by number (what the page uses)
 REFUSAL_TITLES = ("Invalid request", INVALID_SETTING)  # gr.Error titles of a refused value: HTTP 422
+MCP_ENV = "COOLSD_MCP"  # on / off: whether serve() adds the MCP server (unset: on)
 
 
 class Explorer(gr.Blocks):
@@ -32,6 +35,19 @@ class Explorer(gr.Blocks):
     few values with an empty error, silently drops extra ones, and hides why a value could not be read."""
 
     named: dict  # set by layout.build_demo: value names (session.value_names) and output names -> components
+
+    @property
+    def mcp_server_obj(self) -> ToolServer | None:
+        """The MCP server launched with the page (None without one)."""
+        return self.__dict__.get("_tool_server")
+
+    @mcp_server_obj.setter
+    def mcp_server_obj(self, server) -> None:
+        """Gradio's launch sets its own MCP server here, before it mounts its routes: ours serves in its place,
+        so that the tools answer with pictures and text (:class:`ToolServer`)."""
+        if server is not None and not isinstance(server, ToolServer):
+            server = ToolServer(self)
+        self.__dict__["_tool_server"] = server
 
     def validate_inputs(self, block_fn, inputs):
         optional = OPTIONAL_TRAILING.get(block_fn.api_name, [])
@@ -81,7 +97,9 @@ class KnownEndpoints:
     (``POST /gradio_api/queue/join``): a page handler only as the page itself sends it (with the header
     ``x-gradio-user: app`` that Gradio's page client adds); an event that does not exist or has no Python function
     answers 404. A refused call of the API by name answers 422, not Gradio's 500. Not access control: a client
-    that sends what the page sends can do what the page can."""
+    that sends what the page sends can do what the page can. The MCP server's routes pass (``/gradio_api/mcp/``;
+    for SSE clients ``.../sse`` and ``.../messages/``; ``.../schema``): its tools are the public endpoints only,
+    and it runs a tool call as Gradio's client of the API would, joining the queue with the endpoint's number."""
 
     def __init__(self, app, blocks: gr.Blocks) -> None:
         self.app, self.blocks = app, blocks
@@ -166,8 +184,17 @@ def refusals_as_422(send) -> Callable:
     return forward
 
 
+def mcp_wanted(environ=os.environ) -> bool:
+    """Whether :func:`serve` adds the MCP server: ``COOLSD_MCP`` on or off; unset (or neither), on."""
+    value = environ.get(MCP_ENV, "").strip().lower()
+    if value and value not in ON + OFF:
+        log.warning("%s=%s is neither on nor off: taken as on", MCP_ENV, clip(repr(value), 40))
+    return value not in OFF
+
+
 def serve(demo: Explorer) -> None:
-    """Serve the page at ``GRADIO_SERVER_NAME``:``GRADIO_SERVER_PORT`` (default 127.0.0.1:7860) until stopped."""
+    """Serve the page at ``GRADIO_SERVER_NAME``:``GRADIO_SERVER_PORT`` (default 127.0.0.1:7860) until stopped,
+    with the public API's MCP server at ``/gradio_api/mcp/`` unless ``COOLSD_MCP=off``."""
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                 server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), css=CSS, show_error=True,
-                state_session_capacity=SESSIONS_KEPT)
+                state_session_capacity=SESSIONS_KEPT, mcp_server=mcp_wanted())

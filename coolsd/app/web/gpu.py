@@ -1,0 +1,246 @@
+"""The app's GPU work, run where the device places it (:class:`.device.Device`): in this process, or in ZeroGPU's
+forked worker. Written for the stricter of the two (docs/space.md): what it takes and yields is plain and
+picklable (a request's setting, pictures, statistics; never a CUDA tensor, a closure or the model); it is a
+generator where the page watches it, since each ``yield`` crosses back from the worker and closing the generator
+stops the work there; and each call asks for a ``duration`` computed from its request (:mod:`.budget`).
+Handlers call :func:`compare`, :func:`measure` and :func:`compare_batch`, in their own thread (ZeroGPU reads the
+visitor from the request's context: a call from another thread would be charged to nobody)."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import wait
+from contextlib import closing
+from dataclasses import dataclass, replace
+
+import numpy as np
+from PIL import Image
+
+from ...core.decode import Generation
+from ...core.stats import Round
+from .. import session, views
+from .runtime import current
+
+log = logging.getLogger("coolsd.app")
+
+
+@dataclass
+class Frame:
+    """The live view between two yields: each run drawn since the last frame, its image at the decoder's size,
+    how far it got and its last round. Small on purpose: it crosses ZeroGPU's pickling at every frame, and the
+    picture is enlarged and marked where it is shown (:meth:`pictures`)."""
+
+    pixels: dict[str, np.ndarray]
+    made: dict[str, views.Made]
+    last: dict[str, Round | None]
+
+    def merged(self, newer: Frame) -> Frame:
+        """This frame and a newer one as one: each run as the newer shows it, if it shows it."""
+        return Frame({**self.pixels, **newer.pixels}, {**self.made, **newer.made}, {**self.last, **newer.last})
+
+    def pictures(self, grid: tuple[int, int]) -> dict[str, Image.Image]:
+        return {run: views.live_picture(pixels, grid, self.made[run][0], self.last[run])
+                for run, pixels in self.pixels.items()}
+
+
+class Stopped(Exception):
+    """Raised in a run being watched once nobody watches it any more (its generator was closed)."""
+
+
+# What runs on the GPU (module-level functions: ZeroGPU's worker runs them in a fork of this process) ----------
+Owner = tuple[str | None, int]  # a generation's browser session and serial (:class:`session.Latest`)
+
+
+def comparison_frames(request: session.Request, live: bool = True, owner: Owner | None = None
+                      ) -> Iterator[Frame | session.Comparison]:
+    """Both runs of a request (:func:`session.compare`); with ``live`` a :class:`Frame` at most every
+    ``session.LIVE_INTERVAL`` seconds while they decode; then the comparison. Closing the generator stops both
+    runs at their next round, and so does a newer click of ``owner``'s session seen here (in this process: a
+    handler Gradio has cancelled may never close it)."""
+    bundle = current().bundle_of(request)
+    request = session.rebuilt(bundle, request)
+    shown: dict[str, Generation] = {}
+    closed = threading.Event()
+
+    def watch(run: str, generation: Generation) -> None:
+        if closed.is_set() or (owner is not None and not current().latest.current(*owner)):
+            raise Stopped
+        shown[run] = generation
+
+    running = session.long_lived_threads("live", 2).submit(session.compare, bundle, request, None,
+                                                             watch if live else None)
+    drawn: dict[str, Generation] = {}
+    try:
+        while not wait([running], timeout=session.LIVE_INTERVAL).done:
+            fresh = {run: generation for run, generation in list(shown.items()) if drawn.get(run) is not generation}
+            if fresh:
+                drawn.update(fresh)
+                yield Frame({run: views.live_pixels(bundle, generation) for run, generation in fresh.items()},
+                            {run: views.made_so_far(generation) for run, generation in fresh.items()},
+                            {run: (generation.stats.rounds or [None])[-1] for run, generation in fresh.items()})
+        try:
+            yield running.result()
+        except Stopped:
+            return  # replaced: nobody wants these images any more
+    finally:
+        closed.set()
+
+
+def timing_steps(request: session.Request, repeats: int) -> Iterator[session.Progress | session.Timing]:
+    """The timing run (:func:`session.timing_runs`): its progress before each run, then the timing."""
+    bundle = current().bundle_of(request)
+    yield from session.timing_runs(bundle, session.rebuilt(bundle, request), repeats)
+
+
+def batch_runs(request: session.Request, seeds: list[int]) -> list[session.Comparison]:
+    """Both runs of a request at each of ``seeds``, one batch per method (:func:`session.compare_batch`)."""
+    bundle = current().bundle_of(request)
+    return session.compare_batch(bundle, session.rebuilt(bundle, request), seeds)
+
+
+# How many tokens each call decodes (what its duration is computed from) -----------------------------------
+def image_tokens(request: session.Request) -> int:
+    return current().bundle_of(request).config.image_tokens
+
+
+def comparison_tokens(request: session.Request, live: bool = True, owner: Owner | None = None) -> int:
+    return image_tokens(request) * (1 if request.method == "eagle" else 2)
+
+
+def timing_tokens(request: session.Request, repeats: int) -> int:
+    runs = 2 if request.method in ("ar", "eagle") else 3
+    warm = 0 if current().bundle_of(request).steps == "eager" else 1  # graphs are captured in a first pass
+    return image_tokens(request) * runs * (repeats + warm)
+
+
+def batch_tokens(request: session.Request, seeds: list[int]) -> int:
+    return comparison_tokens(request) * len(seeds)
+
+
+TOKENS: dict[Callable, Callable[..., int]] = {comparison_frames: comparison_tokens, timing_steps: timing_tokens,
+                                              batch_runs: batch_tokens}
+PLACED: dict[Callable, Callable] = {}
+PLACED_LOCK = threading.Lock()
+
+
+def duration(function: Callable) -> Callable[..., int]:
+    """The seconds a call of ``function`` asks ZeroGPU for, from the same arguments (:class:`.budget.Budget`)."""
+    def seconds(request: session.Request, *args, **kwargs) -> int:
+        return current().budget.seconds(request.model, TOKENS[function](request, *args, **kwargs))
+    return seconds
+
+
+def placed(function: Callable) -> Callable:
+    """``function`` as the device runs it, placed once (ZeroGPU wants its functions wrapped before launch:
+    :func:`place_all`)."""
+    with PLACED_LOCK:
+        if function not in PLACED:
+            PLACED[function] = current().device.place(function, duration(function))
+        return PLACED[function]
+
+
+def place_all() -> None:
+    for function in TOKENS:
+        placed(function)
+
+
+def newest_frames(steps: Iterator) -> Iterator:
+    """``steps`` read ahead in another thread, run in this thread's context (ZeroGPU reads the visitor from it),
+    with the frames that arrive while the caller is busy merged into one: a worker sends a frame every
+    ``session.LIVE_INTERVAL`` whether or not the page has shown the last, and the page should show the newest
+    picture of each run, never work through a backlog. Closing it stops ``steps`` after their next step."""
+    arrived = threading.Condition()
+    pending: list = []
+    ended: list[BaseException | None] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        error = None
+        try:
+            for step in steps:
+                with arrived:
+                    if isinstance(step, Frame) and pending and isinstance(pending[-1], Frame):
+                        pending[-1] = pending[-1].merged(step)
+                    else:
+                        pending.append(step)
+                    arrived.notify()
+                if stop.is_set():
+                    break
+        except BaseException as caught:  # noqa: BLE001 (raised again in the caller's thread)
+            error = caught
+        finally:
+            steps.close()
+            with arrived:
+                ended.append(error)
+                arrived.notify()
+
+    threading.Thread(target=contextvars.copy_context().run, args=(read,), daemon=True, name="gpu-steps").start()
+    try:
+        while True:
+            with arrived:
+                arrived.wait_for(lambda: pending or ended)
+                taken, pending[:] = list(pending), []
+                error = ended[0] if ended and not taken else None
+                over = bool(ended) and not taken
+            yield from taken
+            if error is not None:
+                raise error
+            if over:
+                return
+    finally:
+        stop.set()
+
+
+# What handlers call ------------------------------------------------------------------------------------------
+def called(function: Callable, request: session.Request, *args) -> tuple[int, float]:
+    """What a call asks for (seconds) and when it starts, logged with what it took by :func:`took`."""
+    return duration(function)(request, *args), time.perf_counter()
+
+
+def took(name: str, request: session.Request, asked: int, started: float, seconds: float, tokens: int) -> None:
+    """One log line per GPU call (asked against taken) and the model's measured rate (``seconds`` of its runs
+    for ``tokens`` tokens), which sizes the next calls."""
+    current().budget.record(request.model, seconds, tokens)
+    log.info("gpu %s %s: asked %d s, took %.2f s", name, request.label, asked, time.perf_counter() - started)
+
+
+def compare(request: session.Request, live: bool = True, owner: Owner | None = None
+            ) -> Iterator[Frame | session.Comparison]:
+    """:func:`comparison_frames` where the device runs it; the comparison comes back with ``request`` itself
+    (its rule and tree: they do not cross the worker's pickling)."""
+    asked, started = called(comparison_frames, request, live, owner)
+    with closing(newest_frames(placed(comparison_frames)(request, live, owner))) as steps:
+        for step in steps:
+            if isinstance(step, session.Comparison):
+                step.request = request
+                runs = (step.method,) if request.method == "eagle" else (step.method, step.eagle)
+                took("compare", request, asked, started, sum(run.stats.seconds["total"] for run in runs),
+                     sum(len(run.tokens) for run in runs))
+            yield step
+
+
+def measure(request: session.Request, repeats: int = session.TIMING_REPEATS
+            ) -> Iterator[session.Progress | session.Timing]:
+    """:func:`timing_steps` where the device runs it."""
+    asked, started = called(timing_steps, request, repeats)
+    with closing(placed(timing_steps)(request, repeats)) as steps:
+        for step in steps:
+            if isinstance(step, session.Timing):
+                runs = [run for run in ("ar", "eagle", "method") if run in step.runs]
+                took("timing", request, asked, started, sum(sum(step.seconds[run]) for run in runs),
+                     len(runs) * repeats * image_tokens(request))
+            yield step
+
+
+def compare_batch(request: session.Request, seeds: list[int]) -> list[session.Comparison]:
+    """:func:`batch_runs` where the device runs it."""
+    asked, started = called(batch_runs, request, seeds)
+    results = placed(batch_runs)(request, seeds)
+    for result in results:
+        result.request = replace(request, seed=result.request.seed)
+    took("batch", request, asked, started, time.perf_counter() - started, batch_tokens(request, seeds))
+    return results
