@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 
 from coolsd.cli.profile import Setting, format_profile, profile, random_caption, timed
-from coolsd.core.decode import accept, check_batch_memory, generate, score, verify_phase
+from coolsd.core.decode import Watch, accept, check_batch_memory, generate, score, verify_phase
 from coolsd.core.rules import CoolSD, Eagle
 from coolsd.core.sampling import SamplingConfig
 from coolsd.core.stats import time_calls
 from coolsd.core.trees import DraftTree, parse_draft
-from coolsd.models.bundle import random_bundle, set_threads
+from coolsd.models.bundle import load_bundle, random_bundle, set_threads
 
 # (random-init shape, sampling as LlamaGen samples it (the presets in assets/models), time the other steps modes)
 CUDA_SHAPES = [("llamagen-t2i-xl", SamplingConfig(cfg_scale=3.0, top_k=2000), True),
@@ -162,6 +162,35 @@ def jacobi_rounds(bundle, sampling: SamplingConfig, batches: tuple[int, ...], ar
     return {"rule": "eagle", "rows": rows, "error": error, "seconds": time.perf_counter() - began}
 
 
+def zero_gpu_click(cuda: bool) -> dict:
+    """The ZeroGPU path's click on the shipped model (bf16 on CUDA, eager steps, as app/web/gpu.py runs it in the
+    worker): the generation (COOL-SD delta=2 and Eagle-1 on chain:5, with the live view's picture every 0.1 s) and
+    the timing run (5 repeats), each timed, and the duration each call would ask for before and after this
+    server had measured the model (app/web/budget.py): what sizes ``duration`` on a Space."""
+    from coolsd.app import session, views
+    from coolsd.app.web.budget import Budget
+    bundle = session.fast_steps(load_bundle(device="cuda" if cuda else "cpu"), zero_gpu=True)
+    start = bundle.sampling
+    request = session.parse_request(bundle, "COOL-SD", {"delta": 2.0}, "chain:5", bundle.class_names[1], 0,
+                                    start.cfg_scale, start.temperature, start.top_k, start.top_p)
+    repeats, tokens, plan, out = 5 if cuda else 2, bundle.config.image_tokens, Budget(), {}
+    calls = {"generation": 2 * tokens, "timing": 3 * repeats * tokens}
+    out["asked_first_s"] = {name: plan.seconds("default", count) for name, count in calls.items()}
+    began = time.perf_counter()
+    live = Watch(lambda images: views.live_pixels(bundle, images[0]), session.LIVE_INTERVAL)
+    made = generate(bundle, 1, request.rule, request.tree, request.sampling, 0, watch=live)
+    eagle = generate(bundle, 1, Eagle(), request.tree, request.sampling, 0)
+    out["generation_s"] = time.perf_counter() - began
+    plan.record("default", made.stats.seconds["total"] + eagle.stats.seconds["total"], 2 * tokens)
+    began = time.perf_counter()
+    timing = session.measure_speed(bundle, request, repeats)
+    out["timing_s"] = time.perf_counter() - began
+    plan.record("default", sum(map(sum, (timing.seconds[run] for run in ("ar", "eagle", "method")))), calls["timing"])
+    out["asked_after_s"] = {name: plan.seconds("default", count) for name, count in calls.items()}
+    out.update(device=timing.device, dtype=timing.dtype, steps=timing.steps, repeats=repeats, tokens=tokens)
+    return out
+
+
 def run_profiles(cuda: bool) -> list[dict]:
     """One profile per shape, each with its own wall time; then, with the first shape's bundle (kept until then, so
     that nothing the Jacobi rounds might break on a device can cost the other sections), its Jacobi rounds."""
@@ -223,6 +252,12 @@ def summary(report: dict) -> str:
     for result in report["profiles"]:
         if "jacobi" in result:
             lines += [format_jacobi(result["jacobi"], result["shape"]), ""]
+    click = report.get("zero_gpu_click")
+    if click:
+        lines += [f"ZeroGPU path on the shipped model ({click['device']}, {click['dtype']}, {click['steps']}): "
+                  f"generation with live view {click['generation_s']:.2f} s, timing run of {click['repeats']} repeats "
+                  f"{click['timing_s']:.2f} s; durations asked before measuring {click['asked_first_s']}, "
+                  f"after {click['asked_after_s']}", ""]
     return "\n".join(lines)
 
 
@@ -274,6 +309,7 @@ def main(argv: list[str]) -> int:
               "torch": torch.__version__, "python": platform.python_version()}
     report["tests"] = run_tests(out, cuda)
     report["profiles"] = run_profiles(cuda)
+    report["zero_gpu_click"] = zero_gpu_click(cuda)
     report["seconds"] = time.perf_counter() - began
     report["summary"] = summary(report)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")

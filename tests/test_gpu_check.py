@@ -101,3 +101,14 @@ def test_jacobi_table_speedups_follow_from_its_printed_times(cpu_run):
     assert "every timed round emitted 1 to L + 1 tokens per image: yes" in done.stdout
     jacobi = report["profiles"][0]["jacobi"]
     assert jacobi["error"] is None and len(jacobi["rows"]) == 4 and all("skipped" not in r for r in jacobi["rows"])
+
+
+def test_gpu_check_times_the_zero_gpu_path_and_the_durations_it_would_ask(cpu_run):
+    """The ZeroGPU path's click on the shipped model (eager; bf16 on CUDA), timed, with the durations a Space would
+    ask for before and after measuring it: each at least what the call took."""
+    done, report = cpu_run
+    click = report["zero_gpu_click"]
+    assert click["steps"] == "eager" and click["tokens"] == 64 and click["generation_s"] > 0
+    for call, took in (("generation", click["generation_s"]), ("timing", click["timing_s"])):
+        assert click["asked_after_s"][call] >= took and click["asked_first_s"][call] >= took, click
+    assert "ZeroGPU path on the shipped model" in done.stdout
