@@ -1,4 +1,5 @@
-"""``python app.py`` started as a user (or a Space) starts it, for the tests that talk to the app over HTTP."""
+"""``python app.py`` started as a user (or a Space) starts it, for the tests that talk to the app over HTTP, and
+the browser that visits it (Debian's chromium, driven by Playwright: the ``browser`` fixture of conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def free_port() -> int:

@@ -2,9 +2,24 @@
 Nothing may come from a model hub: every test runs offline."""
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless chromium per test process (Playwright's sync API allows one per thread), for every browser
+    test module."""
+    from app_process import CHROMIUM, CHROMIUM_FLAGS
+    from playwright.sync_api import sync_playwright
+    assert Path(CHROMIUM).exists(), "install Debian chromium: apt-get install -y --no-install-recommends chromium"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()

@@ -11,6 +11,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from app_process import start_app
@@ -49,13 +50,15 @@ def expected(app) -> dict:
 
 
 def in_session(url: str, work):
-    """``await work(session)`` in an initialized MCP session with the app, over streamable HTTP."""
+    """``await work(session)`` in an initialized MCP session with the app, over streamable HTTP; in a thread of
+    its own, since a browser test's Playwright (sync API) may keep an event loop running in this one."""
     async def run():
         async with streamable_http_client(f"{url}gradio_api/mcp/") as (read, write, _):
             async with ClientSession(read, write) as session:
                 await session.initialize()
                 return await work(session)
-    return asyncio.run(run())
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
 
 
 def call(url: str, tool: str, arguments: dict):

@@ -130,6 +130,7 @@ def test_the_space_builds_starts_and_answers_generate(tmp_path):
     finally:
         shutil.rmtree(space / ".venv", ignore_errors=True)  # gigabytes
     out = run.stdout
+    (tmp_path / "space_build.log").write_text(out + run.stderr)  # its sizes and times, kept with pytest's tmp dirs
     assert run.returncode == 0, out + run.stderr
     assert out.strip().splitlines()[-1] == "space_build: OK"
     assert number(r"upload: \d+ files, ([\d.]+) MiB", out) < UPLOAD_LIMIT_MIB

@@ -8,13 +8,11 @@ import json
 import os
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from app_process import ROOT, start_app
-from playwright.sync_api import sync_playwright
-from test_browser import CHROMIUM, CHROMIUM_FLAGS, SLOW, TEST_TIMING_REPEATS, image_sources, write_slow_model
+from test_browser import SLOW, TEST_TIMING_REPEATS, image_sources, write_slow_model
 from test_mcp import REQUEST, in_session, picture
 
 STANDIN = ROOT / "tests" / "standin"
@@ -64,20 +62,6 @@ def watch_one_generation(page) -> dict:
     return {**events, "live_pictures": len(live)}
 
 
-def off_the_browsers_loop(function, *args):
-    """``function(*args)`` in another thread: Playwright's sync API keeps an event loop running in this one."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(function, *args).result()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield browser
-        browser.close()
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_a_space_shows_live_pictures_the_timing_table_and_the_race(mode, browser, tmp_path):
     """On ZeroGPU as on a CPU Space: Generate shows the runs drawn live, then the final images, the timing
@@ -105,9 +89,9 @@ def test_a_space_shows_live_pictures_the_timing_table_and_the_race(mode, browser
             assert "Made at start-up" in startup and len(image_sources(page)) == 2
             assert made == [] and "timing_progress" in seen, (made, seen)
         # an MCP client's call is a request like the page's: on ZeroGPU it goes through spaces.GPU with its visitor
-        tools = off_the_browsers_loop(in_session, url, lambda session: session.list_tools()).tools
+        tools = in_session(url, lambda session: session.list_tools()).tools
         generate = next(tool.name for tool in tools if tool.name.endswith("generate"))  # SPACE_ID prefixes names
-        answer = off_the_browsers_loop(in_session, url, lambda session: session.call_tool(generate, REQUEST))
+        answer = in_session(url, lambda session: session.call_tool(generate, REQUEST))
         assert not answer.isError and picture(answer.content[1]).size[0] > 0, answer
         more = calls.read_text().splitlines()[len(made):] if calls.exists() else []
         assert [json.loads(line)["function"] for line in more] == (["comparison_frames"] if mode == "zero_gpu" else [])

@@ -216,7 +216,10 @@ def run_figures(bundle: Bundle, result: Comparison, narrow: bool = False, round_
             replay_figure(bundle, result, round_index, narrow)]
 
 
-def live_pixels(bundle: Bundle, generation: Generation) -> np.ndarray:
+Pixels = np.ndarray  # a decoder's picture: uint8, height x width (x 3)
+
+
+def live_pixels(bundle: Bundle, generation: Generation) -> Pixels:
     """A run's image so far, at the decoder's size (the model's work, small to send on): its tokens decoded, the
     positions not generated yet filled with its first token, an image token, so that a decoder that checks its
     positions accepts them (:func:`live_picture` covers them)."""
@@ -225,7 +228,7 @@ def live_pixels(bundle: Bundle, generation: Generation) -> np.ndarray:
     return bundle.image(tokens + tokens[:1] * (length - len(tokens)))
 
 
-def live_picture(pixels: np.ndarray, grid: tuple[int, int], made: int, last: Round | None) -> Image.Image:
+def live_picture(pixels: Pixels, grid: tuple[int, int], made: int, last: Round | None) -> Image.Image:
     """The live view's picture of a run's image so far (:func:`live_pixels`, ``made`` tokens of it): enlarged,
     the cells not generated yet covered and the last round's tokens coloured (:func:`frames.progress_frame`)."""
     enlarged = frames.rgb_pixels(np.asarray(enlarge(pixels)))

@@ -17,7 +17,6 @@ from concurrent.futures import wait
 from contextlib import closing
 from dataclasses import dataclass, replace
 
-import numpy as np
 from PIL import Image
 
 from ...core.decode import Generation
@@ -34,7 +33,7 @@ class Frame:
     how far it got and its last round. Small on purpose: it crosses ZeroGPU's pickling at every frame, and the
     picture is enlarged and marked where it is shown (:meth:`pictures`)."""
 
-    pixels: dict[str, np.ndarray]
+    pixels: dict[str, views.Pixels]
     made: dict[str, views.Made]
     last: dict[str, Round | None]
 
