@@ -21,6 +21,7 @@ from PIL import Image
 
 from ...core.decode import Generation
 from ...core.stats import Round
+from ...models.bundle import Bundle
 from .. import session, views
 from .runtime import current
 
@@ -36,6 +37,13 @@ class Frame:
     pixels: dict[str, views.Pixels]
     made: dict[str, views.Made]
     last: dict[str, Round | None]
+
+    @classmethod
+    def of(cls, bundle: Bundle, runs: dict[str, Generation]) -> Frame:
+        """The frame of these runs so far (the model's part of the work: decoding their tokens)."""
+        return cls({run: views.live_pixels(bundle, generation) for run, generation in runs.items()},
+                   {run: views.made_so_far(generation) for run, generation in runs.items()},
+                   {run: (generation.stats.rounds or [None])[-1] for run, generation in runs.items()})
 
     def merged(self, newer: Frame) -> Frame:
         """This frame and a newer one as one: each run as the newer shows it, if it shows it."""
@@ -78,9 +86,7 @@ def comparison_frames(request: session.Request, live: bool = True, owner: Owner 
             fresh = {run: generation for run, generation in list(shown.items()) if drawn.get(run) is not generation}
             if fresh:
                 drawn.update(fresh)
-                yield Frame({run: views.live_pixels(bundle, generation) for run, generation in fresh.items()},
-                            {run: views.made_so_far(generation) for run, generation in fresh.items()},
-                            {run: (generation.stats.rounds or [None])[-1] for run, generation in fresh.items()})
+                yield Frame.of(bundle, fresh)
         try:
             yield running.result()
         except Stopped:

@@ -126,37 +126,35 @@ def unpacked(result):
     return result.value
 
 
+def results_of(task, duration, args, kwargs):
+    """One call through a worker: its results as they come (a generator's each step; a function's one value),
+    the worker told to stop when the caller closes this; the call logged once the worker has ended."""
+    visitor_check()
+    asked, started = seconds_of(duration, args, kwargs), time.perf_counter()
+    process, results, stop = start(task, args, kwargs)
+    try:
+        while not isinstance(result := results.get(), End):
+            try:
+                yield unpacked(result)
+            except GeneratorExit:
+                stop.set()
+                raise
+    finally:
+        drain(process, results)
+        log_call(task, asked, started)
+
+
 def wrap(task, duration):
     if inspect.isgeneratorfunction(task):
         @wraps(task)
         def generator(*args, **kwargs):
-            visitor_check()
-            asked, started = seconds_of(duration, args, kwargs), time.perf_counter()
-            process, results, stop = start(task, args, kwargs)
-            try:
-                while not isinstance(result := results.get(), End):
-                    try:
-                        yield unpacked(result)
-                    except GeneratorExit:
-                        stop.set()
-                        raise
-            finally:
-                drain(process, results)
-                log_call(task, asked, started)
+            yield from results_of(task, duration, args, kwargs)
         return generator
 
     @wraps(task)
     def function(*args, **kwargs):
-        visitor_check()
-        asked, started = seconds_of(duration, args, kwargs), time.perf_counter()
-        process, results, _ = start(task, args, kwargs)
-        try:
-            value = unpacked(results.get())
-            results.get()  # End
-            return value
-        finally:
-            process.join(timeout=30)
-            log_call(task, asked, started)
+        value, = results_of(task, duration, args, kwargs)
+        return value
     return function
 
 
