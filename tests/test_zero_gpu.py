@@ -205,6 +205,32 @@ def test_each_call_asks_for_a_duration_from_its_request():
     assert gpu.batch_tokens(cool, [1, 2, 3]) == 6 * tokens
 
 
+@pytest.mark.parametrize("zero_gpu", [True, False])
+def test_a_timing_run_on_zero_gpu_keeps_the_repeats_that_fit_in_one_call(zero_gpu, monkeypatch):
+    """ZeroGPU stops a call that outlasts its duration, and no call may ask more than LONGEST_S: there the timing
+    run keeps as many repeats as fit (at least one), and asks for what they need; elsewhere it runs them all."""
+    per_repeat = gpu.timing_tokens(session.parse_controls(STATE.bundle, controls()), 1)
+    assert STATE.bundle.steps == "eager" and per_repeat == 3 * STATE.bundle.config.image_tokens  # no warm pass
+    plan = budget.Budget()
+    plan.record(models.DEFAULT, 10.0 * 3, per_repeat * 3)  # 10 s a repeat: a call of n repeats needs 5 + 20 n s
+    state = runtime.Runtime(STATE.bundle, models.Models(STATE.bundle), device.Device(zero_gpu=zero_gpu), plan)
+    monkeypatch.setattr(runtime, "RUNTIME", state)
+    ran = []
+
+    def timing_steps(request, repeats):
+        ran.append(repeats)
+        yield session.Timing({run: [1.0] * repeats for run in ("ar", "eagle", "method")}, threads=1)
+
+    monkeypatch.setitem(gpu.PLACED, gpu.timing_steps, timing_steps)
+    request = session.parse_controls(STATE.bundle, controls())
+    timing = list(gpu.measure(request, 20))[-1]
+    assert ran == [5 if zero_gpu else 20] and timing.repeats == ran[0]  # 5 + 20 * 5 = 105 <= 120 < 125
+    assert plan.seconds(models.DEFAULT, gpu.timing_tokens(request, 5)) == 105
+    plan.record(models.DEFAULT, 100.0, per_repeat)  # a repeat needs 200 s: one still runs (and asks LONGEST_S)
+    list(gpu.measure(request, 20))
+    assert ran[-1] == (1 if zero_gpu else 20)
+
+
 def test_on_zero_gpu_every_selectable_model_loads_at_start_up():
     """ZeroGPU moves the weights placed before the first request: every model of the selector loads at start-up
     (a preset only where presets are on), one that cannot is left out with one line."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Callable
 
 WORKER_START_S = 5.0  # a fresh worker's fork, CUDA start and weight copy (docs/space.md: not measured on a GPU yet)
 MARGIN = 2.0  # on the measured rate: live pictures, a slower call, a busier GPU
@@ -34,6 +35,15 @@ class Budget:
         with self.lock:
             return max(self.rates.get(model) or [FIRST_RATE_S])
 
+    def needed(self, model: str, tokens: int) -> int:
+        """The whole seconds a call that decodes ``tokens`` tokens of ``model`` should ask for, uncapped."""
+        return math.ceil(WORKER_START_S + MARGIN * tokens * self.rate(model))
+
     def seconds(self, model: str, tokens: int) -> int:
-        """The duration a call that decodes ``tokens`` tokens of ``model`` asks for, in whole seconds."""
-        return min(LONGEST_S, math.ceil(WORKER_START_S + MARGIN * tokens * self.rate(model)))
+        """The duration such a call asks for: :meth:`needed`, at most :data:`LONGEST_S`."""
+        return min(LONGEST_S, self.needed(model, tokens))
+
+    def most_that_fit(self, model: str, tokens_of: Callable[[int], int], wanted: int) -> int:
+        """The most of ``wanted`` repeats (at least one) whose call, of ``tokens_of(repeats)`` tokens, needs no
+        more than :data:`LONGEST_S`: ZeroGPU stops a call that outlasts the duration it asked for."""
+        return max((n for n in range(1, wanted + 1) if self.needed(model, tokens_of(n)) <= LONGEST_S), default=1)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from contextlib import closing
 from dataclasses import dataclass, replace
+from functools import partial
 
 from PIL import Image
 
@@ -230,7 +231,11 @@ def compare(request: session.Request, live: bool = True, owner: Owner | None = N
 
 def measure(request: session.Request, repeats: int = session.TIMING_REPEATS
             ) -> Iterator[session.Progress | session.Timing]:
-    """:func:`timing_steps` where the device runs it."""
+    """:func:`timing_steps` where the device runs it: on ZeroGPU with as many of ``repeats`` as fit in one call's
+    longest duration (a slow model's timing run would be stopped half-way, and ask more than a visitor's day);
+    the table says how many it ran."""
+    if current().device.zero_gpu:
+        repeats = current().budget.most_that_fit(request.model, partial(timing_tokens, request), repeats)
     asked, started = called(timing_steps, request, repeats)
     with closing(placed(timing_steps)(request, repeats)) as steps:
         for step in steps:
