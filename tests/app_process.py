@@ -22,9 +22,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(env: dict[str, str], log: Path, seconds: float = 120) -> tuple[subprocess.Popen, str]:
+def start_app(env: dict[str, str], log: Path, seconds: float = 600) -> tuple[subprocess.Popen, str]:
     """``python app.py`` on a free localhost port with ``env`` (the port added), its output in ``log``: the process
-    and the page's URL once it answers HTTP 200 (a RuntimeError with the log if it exits or never answers)."""
+    and the page's URL once it answers HTTP 200 (a RuntimeError with the log if it exits or never answers within
+    ``seconds``: a loaded CI machine took 83 s only to import torch and gradio)."""
     port = free_port()
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env={**env, "GRADIO_SERVER_PORT": str(port)},

@@ -28,9 +28,13 @@ from coolsd.models.bundle import Bundle, Drafter, Transformer, save_bundle
 from coolsd.models.config import ModelConfig
 from coolsd.toy.data import CLASS_NAMES
 
+# with `--dist loadgroup` (the README's test command), one test process runs the tests that start the app or build
+# a venv, one after another: with two at once, a loaded CI machine took 83 s only to import torch and gradio
+pytestmark = pytest.mark.xdist_group("apps")
+
 TEST_TIMING_REPEATS = 2
 # ms: a generation may queue behind earlier pages' timings still running in the server's two generate slots
-WAIT_MS = 180000
+WAIT_MS = 420000  # a loaded CI machine took more than 180 s for the slow model's timing run
 
 
 @dataclass
@@ -47,9 +51,10 @@ class Server:
 SLOW = "slow-random"  # the selector's name of a model slow enough to watch (about a second a generation)
 
 
-def write_slow_model(path: Path) -> None:
-    """A random bundle of 24 x 24 tokens, 8 layers of width 192, with a random drafter."""
-    config = ModelConfig(vocab_size=256, dim=192, n_layer=8, n_head=4, num_classes=10, grid_height=24, grid_width=24)
+def write_slow_model(path: Path, side: int = 24) -> None:
+    """A random bundle of ``side`` x ``side`` tokens, 8 layers of width 192, with a random drafter."""
+    config = ModelConfig(vocab_size=256, dim=192, n_layer=8, n_head=4, num_classes=10, grid_height=side,
+                         grid_width=side)
     torch.manual_seed(0)
     codes = torch.nn.functional.normalize(torch.randn(config.vocab_size, 8), dim=-1)
     save_bundle(Bundle(Transformer(config).eval(), Drafter(config).eval(), codes, name=SLOW,

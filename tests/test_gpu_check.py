@@ -111,4 +111,5 @@ def test_gpu_check_times_the_zero_gpu_path_and_the_durations_it_would_ask(cpu_ru
     assert click["steps"] == "eager" and click["tokens"] == 64 and click["generation_s"] > 0
     for call, took in (("generation", click["generation_s"]), ("timing", click["timing_s"])):
         assert click["asked_after_s"][call] >= took and click["asked_first_s"][call] >= took, click
+    assert click["asked_timing_after_generation_s"] >= click["timing_s"], click  # AR sized by the rounds
     assert "ZeroGPU path on the shipped model" in done.stdout

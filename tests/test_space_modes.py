@@ -16,15 +16,20 @@ from app_process import ROOT, start_app
 from test_browser import SLOW, TEST_TIMING_REPEATS, image_sources, write_slow_model
 from test_mcp import REQUEST, in_session, picture
 
+# with `--dist loadgroup` (the README's test command), one test process runs the tests that start the app or build
+# a venv, one after another: with two at once, a loaded CI machine took 83 s only to import torch and gradio
+pytestmark = pytest.mark.xdist_group("apps")
+
 STANDIN = ROOT / "tests" / "standin"
 MODES = {"zero_gpu": {"SPACES_ZERO_GPU": "true"}, "cpu_space": {}}
 
 
 def start_space(tmp: Path, mode: str) -> tuple[subprocess.Popen, str, Path, Path]:
     """``python app.py`` as a Space starts it (``SPACE_ID`` set, the stand-in ``spaces`` importable), on the slow
-    random model (about a second a generation: its pictures can be watched)."""
+    random model at 16 x 16 tokens: its pictures can be watched, and on a loaded CI machine (where a timing run of
+    the 24 x 24 model took more than a call's longest 120 s) a timing run still fits in one ZeroGPU call."""
     model = tmp / SLOW
-    write_slow_model(model)
+    write_slow_model(model, side=16)
     log, calls = tmp / "app.log", tmp / "gpu_calls.jsonl"
     env = {key: value for key, value in os.environ.items() if key not in ("SPACES_ZERO_GPU", "COOLSD_THREADS")}
     env.update(MODES[mode], PYTHONPATH=os.pathsep.join([str(STANDIN), env.get("PYTHONPATH", "")]),

@@ -2,6 +2,7 @@
 crosses its fork and pickling whole (a request rebuilt on the other side, pictures and statistics back); the
 platform is told by ``SPACES_ZERO_GPU`` alone; and each call asks for a duration computed from its request."""
 
+import math
 import os
 import pickle
 import subprocess
@@ -188,31 +189,67 @@ def test_the_gpu_work_yields_only_what_pickles(monkeypatch):
 
 
 def test_each_call_asks_for_a_duration_from_its_request():
-    """Worker start plus twice the tokens times the model's slowest recent rate (a first guess before any),
-    at most LONGEST_S: a timing run of 5 repeats asks for more than a generation, Eagle-1 alone for less."""
+    """Worker start plus twice the tokens of each rule times that rule's slowest recent rate, at most LONGEST_S.
+    A rule not yet measured is sized by the model's slowest recent round (a token costs at most a round), and
+    a model not yet measured by a first guess: a timing run of 5 repeats asks for more than a generation,
+    Eagle-1 alone for less."""
     plan = budget.Budget()
-    assert plan.seconds("m", 100) == int(budget.WORKER_START_S + budget.MARGIN * 100 * budget.FIRST_RATE_S + 0.999)
-    plan.record("m", 1.0, 1000)  # 1 ms a token
-    plan.record("m", 0.5, 1000)
-    assert plan.rate("m") == pytest.approx(0.001) and plan.rate("other") == budget.FIRST_RATE_S
-    assert plan.seconds("m", 1000) == 7  # 5 + 2 * 1000 * 0.001
-    assert plan.seconds("m", 10**9) == budget.LONGEST_S
+    first = budget.WORKER_START_S + budget.MARGIN * 100 * budget.FIRST_RATE_S
+    assert plan.seconds("m", {"cool": 100}) == math.ceil(first)
+    plan.record("m", "cool", 1.0, 1000, 250)  # 1 ms a token, 4 ms a round
+    plan.record("m", "cool", 0.5, 1000, 250)
+    assert plan.rate("m", "cool") == pytest.approx(0.001) and plan.rate("other", "cool") == budget.FIRST_RATE_S
+    assert plan.rate("m", "ar") == pytest.approx(0.004)  # AR, not yet measured: one round a token
+    assert plan.seconds("m", {"cool": 1000}) == 7  # 5 + 2 * 1000 * 0.001
+    assert plan.seconds("m", {"cool": 1000, "ar": 1000}) == 15  # 5 + 2 * (1 + 4)
+    plan.record("m", "ar", 3.0, 1000, 1000)  # AR measured: 3 ms a token, its own rate from now on
+    assert plan.rate("m", "ar") == pytest.approx(0.003) and plan.rate("m", "sjd") == pytest.approx(0.004)
+    assert plan.seconds("m", {"cool": 10**9}) == budget.LONGEST_S
     tokens = STATE.bundle.config.image_tokens
     cool = session.parse_controls(STATE.bundle, controls())
     eagle = session.parse_controls(STATE.bundle, controls(method="Eagle-1 (lossless)"))
-    assert gpu.comparison_tokens(cool) == 2 * tokens and gpu.comparison_tokens(eagle) == tokens
-    assert gpu.timing_tokens(cool, 5) == 15 * tokens and gpu.timing_tokens(eagle, 5) == 10 * tokens
-    assert gpu.batch_tokens(cool, [1, 2, 3]) == 6 * tokens
+    assert gpu.comparison_tokens(cool) == {"cool": tokens, "eagle": tokens}
+    assert gpu.comparison_tokens(eagle) == {"eagle": tokens}
+    assert gpu.timing_tokens(cool, 5) == {"ar": 5 * tokens, "eagle": 5 * tokens, "cool": 5 * tokens}
+    assert gpu.timing_tokens(eagle, 5) == {"ar": 5 * tokens, "eagle": 5 * tokens}
+    assert gpu.batch_tokens(cool, [1, 2, 3]) == {"cool": 3 * tokens, "eagle": 3 * tokens}
+
+
+def test_each_call_records_the_rate_of_each_of_its_runs(monkeypatch):
+    """A generation's two runs and a timing run's three are each recorded under their own rule, with their
+    tokens and rounds, so that AR's first timing (and every later one) is sized by what AR costs; a batch's
+    seconds are shared by its images."""
+    plan = budget.Budget()
+    state = runtime.Runtime(STATE.bundle, models.Models(STATE.bundle), device.Device(zero_gpu=False), plan)
+    monkeypatch.setattr(runtime, "RUNTIME", state)
+    request = session.parse_controls(STATE.bundle, controls())
+    result = [step for step in gpu.compare(request, live=False)][-1]
+    for rule, run in (("cool", result.method), ("eagle", result.eagle)):
+        seconds = run.stats.seconds["total"]
+        assert list(plan.per_token["default", rule]) == [pytest.approx(seconds / len(run.tokens))]
+        assert pytest.approx(seconds / run.stats.target_forwards) in plan.per_forward["default"]
+    assert ("default", "ar") not in plan.per_token
+    timing = list(gpu.measure(request, 2))[-1]
+    ar = timing.runs["ar"]
+    assert len(ar.tokens) == ar.stats.target_forwards == STATE.bundle.config.image_tokens
+    assert list(plan.per_token["default", "ar"]) == [pytest.approx(sum(timing.seconds["ar"]) / (2 * len(ar.tokens)))]
+    assert len(plan.per_token["default", "cool"]) == len(plan.per_token["default", "eagle"]) == 2
+    batch = gpu.compare_batch(request, [1, 2, 3])
+    seconds = batch[0].method.stats.seconds["total"]
+    assert plan.per_token["default", "cool"][-1] == pytest.approx(seconds / (3 * len(batch[0].method.tokens)))
 
 
 @pytest.mark.parametrize("zero_gpu", [True, False])
 def test_a_timing_run_on_zero_gpu_keeps_the_repeats_that_fit_in_one_call(zero_gpu, monkeypatch):
     """ZeroGPU stops a call that outlasts its duration, and no call may ask more than LONGEST_S: there the timing
     run keeps as many repeats as fit (at least one), and asks for what they need; elsewhere it runs them all."""
-    per_repeat = gpu.timing_tokens(session.parse_controls(STATE.bundle, controls()), 1)
-    assert STATE.bundle.steps == "eager" and per_repeat == 3 * STATE.bundle.config.image_tokens  # no warm pass
+    request = session.parse_controls(STATE.bundle, controls())
+    tokens = STATE.bundle.config.image_tokens
+    assert STATE.bundle.steps == "eager" and gpu.timing_tokens(request, 1) == dict.fromkeys(("ar", "eagle", "cool"),
+                                                                                            tokens)  # no warm pass
     plan = budget.Budget()
-    plan.record(models.DEFAULT, 10.0 * 3, per_repeat * 3)  # 10 s a repeat: a call of n repeats needs 5 + 20 n s
+    for rule, seconds in (("ar", 5.0), ("eagle", 3.0), ("cool", 2.0)):  # 10 s a repeat: n repeats need 5 + 20 n s
+        plan.record(models.DEFAULT, rule, seconds, tokens, tokens)
     state = runtime.Runtime(STATE.bundle, models.Models(STATE.bundle), device.Device(zero_gpu=zero_gpu), plan)
     monkeypatch.setattr(runtime, "RUNTIME", state)
     ran = []
@@ -222,11 +259,10 @@ def test_a_timing_run_on_zero_gpu_keeps_the_repeats_that_fit_in_one_call(zero_gp
         yield session.Timing({run: [1.0] * repeats for run in ("ar", "eagle", "method")}, threads=1)
 
     monkeypatch.setitem(gpu.PLACED, gpu.timing_steps, timing_steps)
-    request = session.parse_controls(STATE.bundle, controls())
     timing = list(gpu.measure(request, 20))[-1]
     assert ran == [5 if zero_gpu else 20] and timing.repeats == ran[0]  # 5 + 20 * 5 = 105 <= 120 < 125
     assert plan.seconds(models.DEFAULT, gpu.timing_tokens(request, 5)) == 105
-    plan.record(models.DEFAULT, 100.0, per_repeat)  # a repeat needs 200 s: one still runs (and asks LONGEST_S)
+    plan.record(models.DEFAULT, "ar", 100.0, tokens, tokens)  # a repeat needs 200 s: one still runs (asks LONGEST_S)
     list(gpu.measure(request, 20))
     assert ran[-1] == (1 if zero_gpu else 20)
 

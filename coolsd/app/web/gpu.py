@@ -108,27 +108,26 @@ def batch_runs(request: session.Request, seeds: list[int]) -> list[session.Compa
     return session.compare_batch(bundle, session.rebuilt(bundle, request), seeds)
 
 
-# How many tokens each call decodes (what its duration is computed from) -----------------------------------
+# How many tokens each call decodes by each rule (what its duration is computed from) ---------------------------
 def image_tokens(request: session.Request) -> int:
     return current().bundle_of(request).config.image_tokens
 
 
-def comparison_tokens(request: session.Request, live: bool = True, owner: Owner | None = None) -> int:
-    return image_tokens(request) * (1 if request.method == "eagle" else 2)
+def comparison_tokens(request: session.Request, live: bool = True, owner: Owner | None = None) -> dict[str, int]:
+    return dict.fromkeys((request.method, "eagle"), image_tokens(request))
 
 
-def timing_tokens(request: session.Request, repeats: int) -> int:
-    runs = 2 if request.method in ("ar", "eagle") else 3
+def timing_tokens(request: session.Request, repeats: int) -> dict[str, int]:
     warm = 0 if current().bundle_of(request).steps == "eager" else 1  # graphs are captured in a first pass
-    return image_tokens(request) * runs * (repeats + warm)
+    return dict.fromkeys(("ar", "eagle", request.method), image_tokens(request) * (repeats + warm))
 
 
-def batch_tokens(request: session.Request, seeds: list[int]) -> int:
-    return comparison_tokens(request) * len(seeds)
+def batch_tokens(request: session.Request, seeds: list[int]) -> dict[str, int]:
+    return {rule: tokens * len(seeds) for rule, tokens in comparison_tokens(request).items()}
 
 
-TOKENS: dict[Callable, Callable[..., int]] = {comparison_frames: comparison_tokens, timing_steps: timing_tokens,
-                                              batch_runs: batch_tokens}
+TOKENS: dict[Callable, Callable[..., dict[str, int]]] = {comparison_frames: comparison_tokens,
+                                                         timing_steps: timing_tokens, batch_runs: batch_tokens}
 PLACED: dict[Callable, Callable] = {}
 PLACED_LOCK = threading.Lock()
 
@@ -207,11 +206,21 @@ def called(function: Callable, request: session.Request, *args) -> tuple[int, fl
     return duration(function)(request, *args), time.perf_counter()
 
 
-def took(name: str, request: session.Request, asked: int, started: float, seconds: float, tokens: int) -> None:
-    """One log line per GPU call (asked against taken) and the model's measured rate (``seconds`` of its runs
-    for ``tokens`` tokens), which sizes the next calls."""
-    current().budget.record(request.model, seconds, tokens)
+def took(name: str, request: session.Request, asked: int, started: float,
+         runs: dict[str, tuple[Generation, list[float]]]) -> None:
+    """One log line per GPU call (asked against taken), and each run's measured rate, which sizes the next
+    calls: ``runs[rule]`` is a decoded run and the seconds of each time it was decoded."""
+    for rule, (run, seconds) in runs.items():
+        current().budget.record(request.model, rule, sum(seconds), len(seconds) * len(run.tokens),
+                                len(seconds) * run.stats.target_forwards)
     log.info("gpu %s %s: asked %d s, took %.2f s", name, request.label, asked, time.perf_counter() - started)
+
+
+def measured(request: session.Request, method: Generation, eagle: Generation, images: int = 1) -> dict[str, tuple]:
+    """What a comparison's runs tell the budget (:func:`took`): each run with its time, which a batch's
+    ``images`` images share (a batched run's seconds are the whole batch's)."""
+    return {rule: (run, [run.stats.seconds["total"] / images] * images)
+            for rule, run in ((request.method, method), ("eagle", eagle))}
 
 
 def compare(request: session.Request, live: bool = True, owner: Owner | None = None
@@ -223,9 +232,7 @@ def compare(request: session.Request, live: bool = True, owner: Owner | None = N
         for step in steps:
             if isinstance(step, session.Comparison):
                 step.request = request
-                runs = (step.method,) if request.method == "eagle" else (step.method, step.eagle)
-                took("compare", request, asked, started, sum(run.stats.seconds["total"] for run in runs),
-                     sum(len(run.tokens) for run in runs))
+                took("compare", request, asked, started, measured(request, step.method, step.eagle))
             yield step
 
 
@@ -240,9 +247,9 @@ def measure(request: session.Request, repeats: int = session.TIMING_REPEATS
     with closing(placed(timing_steps)(request, repeats)) as steps:
         for step in steps:
             if isinstance(step, session.Timing):
-                runs = [run for run in ("ar", "eagle", "method") if run in step.runs]
-                took("timing", request, asked, started, sum(sum(step.seconds[run]) for run in runs),
-                     len(runs) * repeats * image_tokens(request))
+                rules = {"ar": "ar", "eagle": "eagle", "method": request.method}
+                took("timing", request, asked, started,
+                     {rules[run]: (made, step.seconds[run]) for run, made in step.runs.items()})
             yield step
 
 
@@ -252,5 +259,5 @@ def compare_batch(request: session.Request, seeds: list[int]) -> list[session.Co
     results = placed(batch_runs)(request, seeds)
     for result in results:
         result.request = replace(request, seed=result.request.seed)
-    took("batch", request, asked, started, time.perf_counter() - started, batch_tokens(request, seeds))
+    took("batch", request, asked, started, measured(request, results[0].method, results[0].eagle, len(seeds)))
     return results
