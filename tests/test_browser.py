@@ -28,10 +28,6 @@ from coolsd.models.bundle import Bundle, Drafter, Transformer, save_bundle
 from coolsd.models.config import ModelConfig
 from coolsd.toy.data import CLASS_NAMES
 
-# with `--dist loadgroup` (the README's test command), one test process runs the tests that start the app or build
-# a venv, one after another: with two at once, a loaded CI machine took 83 s only to import torch and gradio
-pytestmark = pytest.mark.xdist_group("apps")
-
 TEST_TIMING_REPEATS = 2
 # ms: a generation may queue behind earlier pages' timings still running in the server's two generate slots
 WAIT_MS = 420000  # a loaded CI machine took more than 180 s for the slow model's timing run

@@ -24,10 +24,6 @@ from coolsd.app.web.server import MCP_ENV, mcp_wanted
 from coolsd.app.web.tools import STATISTICS
 from coolsd.core.rules import schema
 
-# with `--dist loadgroup` (the README's test command), one test process runs the tests that start the app or build
-# a venv, one after another: with two at once, a loaded CI machine took 83 s only to import torch and gradio
-pytestmark = pytest.mark.xdist_group("apps")
-
 PUBLIC = {"generate", "generate_batch"}
 REQUEST = {"method": "COOL-SD", "seed": 3, "draft": "chain:3"}
 

@@ -122,7 +122,6 @@ def test_a_readme_without_front_matter_fails(tmp_path):
     assert run.stderr.strip() == "space_build: FAILED: README.md has no front matter (a first line ---)"
 
 
-@pytest.mark.xdist_group("apps")  # never beside the browser tests (tests/test_browser.py says why)
 def test_the_space_builds_starts_and_answers_generate(tmp_path):
     """The whole build (minutes: a fresh venv with torch), its sizes and times printed and sane."""
     space = tmp_path / "space"

@@ -16,10 +16,6 @@ from app_process import ROOT, start_app
 from test_browser import SLOW, TEST_TIMING_REPEATS, image_sources, write_slow_model
 from test_mcp import REQUEST, in_session, picture
 
-# with `--dist loadgroup` (the README's test command), one test process runs the tests that start the app or build
-# a venv, one after another: with two at once, a loaded CI machine took 83 s only to import torch and gradio
-pytestmark = pytest.mark.xdist_group("apps")
-
 STANDIN = ROOT / "tests" / "standin"
 MODES = {"zero_gpu": {"SPACES_ZERO_GPU": "true"}, "cpu_space": {}}
 
