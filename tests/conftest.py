@@ -8,6 +8,9 @@ import pytest
 import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# the tests' model steps are eager unless a test asks for others (the benchmark's CPU default, compiled phases,
+# would compile every tiny model anew: test_steps checks that mode and the default itself)
+os.environ.setdefault("COOLSD_STEPS", "eager")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 torch.set_num_threads(1)
 

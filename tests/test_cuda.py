@@ -42,7 +42,7 @@ def test_cuda_steps_match_the_uncached_forward(steps):
 
 @pytest.mark.parametrize("draft", ["chain:5", "tree:eagle25"])
 def test_graphs_and_compiled_steps_give_the_eager_tokens(draft):
-    """float32 on the GPU: the phases replayed from CUDA graphs (and with a compiled forward) draw the same
+    """float32 on the GPU: the phases replayed from CUDA graphs (and compiled, then captured) draw the same
     random numbers and make the same choices as eager steps, image after image; the same seed twice gives the
     same tokens."""
     eager = random_bundle("tiny", device="cpu").to("cuda")
@@ -61,6 +61,11 @@ def test_cuda_graphs_follow_the_spec_law(law_bundle, name):  # noqa: F811
     """The enumerated law of test_laws, sampled through CUDA graphs in float32 (the device draws its own
     random numbers; the law is what must hold)."""
     check_law(law_bundle, name, copy.deepcopy(law_bundle).to("cuda"), "graphs")
+
+
+def test_compiled_cuda_graphs_follow_the_spec_law(law_bundle):  # noqa: F811
+    """Each phase compiled by inductor, then captured as a CUDA graph: COOL-SD's enumerated law still holds."""
+    check_law(law_bundle, "cool-exp-auto", copy.deepcopy(law_bundle).to("cuda"), "compiled")
 
 
 def test_bf16_graphs_stay_close_to_float32():

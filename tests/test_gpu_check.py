@@ -32,7 +32,7 @@ def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHON=sys.executable)
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], capture_output=True,
-                          text=True, env=env, timeout=300)
+                          text=True, env=env, timeout=900)  # a cold inductor cache: 120 s alone
     assert done.returncode == 0, done.stderr[-2000:]
     return done, json.loads((out / "gpu_check.json").read_text())
 
@@ -54,7 +54,8 @@ def test_goal_table_reads_the_profile():
     script = load_script()
     part = lambda ms: {"median_s": ms / 1000}  # noqa: E731
     result = {"steps": "graphs", "image_tokens": 256,
-              "parts": {"ar_step": part(2.0), "ar_step [eager]": part(6.0), "round chain:5": part(2.6),
+              "parts": {"ar_step": part(2.0), "ar_step [eager]": part(6.0), "ar_step [compiled]": part(1.6),
+                        "round chain:5 [compiled]": part(2.4), "round chain:5": part(2.6),
                         "round tree:wide57": part(3.2), "drafter_level": part(0.5), "acceptance chain:5": part(0.05)},
               "implied": {"chain:5": {"at tau 2.42 (Eagle-1)": 1.86, "at tau 3.34 (COOL-SD delta=2)": 2.57},
                           "tree:wide57": {"at tau 2.42 (Eagle-1)": 1.51, "at tau 3.34 (COOL-SD delta=2)": 2.09}}}
@@ -68,6 +69,7 @@ def test_goal_table_reads_the_profile():
     image, met = rows["implied COOL-SD delta=2 image (s)"]  # 256 tokens / tau 3.34 rounds at the best round
     assert abs(image - 256 / 3.34 * 0.0026) < 1e-9 and met
     assert rows["ar_step [eager] / ar_step [graphs]"][0] == 3.0
+    assert rows["round chain:5 [compiled] / fastest AR step"] == (1.5, False)  # 2.4 ms over the compiled 1.6 ms
 
 
 def test_jacobi_table_speedups_follow_from_its_printed_times(cpu_run):

@@ -8,7 +8,8 @@
    ``.item()`` and a planted shape change are caught.
 4. Host reads: a round reads nothing; the loop reads the image's length once per batch of rounds it knew
    were needed (every host read, ``cpu``, ``tolist``, ``item``, ``bool`` ..., is counted).
-5. ``torch.compile`` traces the whole step without a graph break (``fullgraph``) and matches eager.
+5. Compiled phases: each phase of the round traces as one graph (the draws just before it, eagerly), nothing
+   recompiles for a second image, and the tokens are eager's (chain, tree, Jacobi windows, a batch; inductor too).
 6. Eagle-1 and COOL-SD keep their exact laws through static steps (the enumerated laws of test_laws).
 The same properties on a GPU, with real CUDA graphs and bf16, are in test_cuda.py.
 """
@@ -27,8 +28,8 @@ from torch.overrides import TorchFunctionMode
 
 from coolsd.core import decode as decode_module
 from coolsd.core.sources import DrafterSource
-from coolsd.core.decode import decode, generate
-from coolsd.core.graphs import EAGER, CheckedPhases, EagerPhases, HostReadError
+from coolsd.core.decode import decode, decode_batch, generate
+from coolsd.core.graphs import EAGER, CheckedPhases, CompiledPhases, EagerPhases, HostReadError
 from coolsd.core.rules import AR, CoolSD, Eagle, build_rule
 from coolsd.core.trees import DraftTree, parse_draft
 from coolsd.models.bundle import load_bundle, random_bundle
@@ -250,15 +251,64 @@ def test_rounds_read_nothing_and_the_loop_reads_once_per_batch(shipped, monkeypa
     assert sorted(between) == sorted(["__int__"] * looks + ["cpu", "tolist"]), between
 
 
-def test_compiled_steps_trace_whole_and_match_eager():
-    """torch.compile with ``fullgraph`` fails on any graph break; tiny random model, guidance on, a tree."""
+class GraphCount:
+    """A ``torch.compile`` backend that runs each traced graph as traced and keeps it: a graph break, or a
+    recompilation, shows as one graph more."""
+
+    def __init__(self) -> None:
+        self.graphs: list = []
+
+    def __call__(self, graph_module, inputs):
+        self.graphs.append(graph_module)
+        return graph_module.forward
+
+
+SMALL_TREE = DraftTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)), "tree:small")
+COMPILED_CASES = [("ar", "chain:3", 1), ("eagle", "chain:3", 1), ("cool", SMALL_TREE, 1),
+                  ("eagle", "jacobi:4:coupled", 1), ("eagle", "jacobi:4:gumbel", 1), ("uniform", "chain:3", 2)]
+
+
+@pytest.mark.parametrize("method, draft, batch", COMPILED_CASES)
+def test_compiled_phases_are_one_region_each_and_give_eager_tokens(method, draft, batch):
+    """Each phase of the round traces as one graph (the draws run eagerly just before, outside it): the first
+    image of a kind traces exactly one graph per phase it ran, a second image of the same kind traces none
+    (nothing recompiles), and the tokens are eager's. Traced graphs run as traced here (no inductor), so this is
+    the tracing alone; inductor's arithmetic is checked below."""
+    torch.set_num_threads(1)
+    model = random_bundle("tiny", device="cpu")
+    counted = GraphCount()
+    target, drafter = with_steps(model.target, model.drafter, "static")
+    runner = CompiledPhases(backend=counted)
+    rule = build_rule(method, {"delta": 2.0} if method in ("cool", "uniform") else {}, 3)
+    tree = parse_draft(draft)
+    conditions, seeds = [3, 1][:batch], [7, 8][:batch]
+    first = decode_batch(target, drafter, conditions, rule, tree, model.sampling, seeds, runner=runner)
+    (ws,) = runner.workspaces.values()
+
+    def compiled() -> set:  # the phases run more than once (the first run of each is an eager warm-up)
+        return {name for name, function in ws.captured_phases.items() if function is not None}
+    assert "verification" in compiled() and len(counted.graphs) == len(compiled()), sorted(ws.captured_phases)
+    seen, phases = len(counted.graphs), compiled()
+    second = decode_batch(target, drafter, conditions, rule, tree, model.sampling, [s + 10 for s in seeds],
+                          runner=runner)
+    # only a phase the first image ran at most once (a drafting depth near its end) traces anew
+    assert len(counted.graphs) == seen + len(compiled() - phases)
+    for got, want_seeds in ((first, seeds), (second, [s + 10 for s in seeds])):
+        want = decode_batch(model.target, model.drafter, conditions, rule, tree, model.sampling, want_seeds)
+        assert [g.tokens for g in got] == [w.tokens for w in want]
+
+
+def test_compiled_steps_match_eager_with_inductor():
+    """The compiled mode as shipped (inductor's kernels): a tiny random model with guidance, a chain and a tree,
+    Eagle-1 and COOL-SD: eager's tokens, and the target rows within float32 rounding (inductor may fuse a
+    softmax differently; the acceptance arithmetic is float64 either way)."""
     torch.set_num_threads(1)
     model = random_bundle("tiny", device="cpu")
     compiled = model.with_steps("compiled")
-    tree = parse_draft("chain:3")
-    for seed in range(2):
-        want = generate(model, seed % 10, Eagle(), tree, seed=seed, capture=True)
-        got = generate(compiled, seed % 10, Eagle(), tree, seed=seed, capture=True)
+    assert isinstance(compiled.runner, CompiledPhases)
+    for seed, (rule, draft) in enumerate([(Eagle(), "chain:3"), (CoolSD(delta=2.0, depth=3), SMALL_TREE)]):
+        want = generate(model, seed % 10, rule, parse_draft(draft), seed=seed, capture=True)
+        got = generate(compiled, seed % 10, rule, parse_draft(draft), seed=seed, capture=True)
         assert got.tokens == want.tokens
         for a, b in zip(got.stats.captured, want.stats.captured):
             np.testing.assert_allclose(a["p"], b["p"], atol=1e-5)
@@ -287,9 +337,41 @@ def test_static_steps_follow_the_spec_law(law_bundle, name):  # noqa: F811
     check_law(law_bundle, name, law_bundle, "static", samples=600)
 
 
+def test_compiled_phases_follow_the_spec_law(law_bundle):  # noqa: F811
+    """Compiled phases (inductor) keep COOL-SD's exact law on a tree."""
+    check_law(law_bundle, "cool-exp-auto", law_bundle, "compiled", samples=600)
+
+
 @pytest.mark.parametrize("name", ["lantern-heuristic", "cool-hand-mu"])
 def test_checked_phases_follow_the_spec_law(law_bundle, name):  # noqa: F811
     """Through the CPU stand-in for CUDA graphs (every round's phases checked), trees with siblings. The stand-in
     runs the eager phases under a recorder (tokens equal to eager's, tested above), so fewer images than
     test_laws' suffice to show that replaying them keeps the law; the recorder makes each image slow."""
     check_law(law_bundle, name, law_bundle, "static", CheckedPhases(), samples=600)
+
+
+def test_default_steps_are_the_measured_fastest_per_device(monkeypatch, tmp_path):
+    """CUDA graphs on CUDA; on a CPU compiled phases for the benchmark where a C++ compiler is found, else
+    eager (the app, one-off generations); $COOLSD_STEPS overrides and is checked; compilations are kept in the
+    user's cache unless $TORCHINDUCTOR_CACHE_DIR says where."""
+    from coolsd.models import steps as steps_module
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("COOLSD_STEPS", raising=False)
+    monkeypatch.setattr(steps_module, "cpp_compiler", lambda: "/usr/bin/c++")
+    assert steps_module.default_mode(cuda) == steps_module.default_mode(cuda, many_images=True) == "graphs"
+    assert steps_module.default_mode(cpu) == "eager" and steps_module.default_mode(cpu, many_images=True) == "compiled"
+    monkeypatch.setattr(steps_module, "cpp_compiler", lambda: None)
+    assert steps_module.default_mode(cpu, many_images=True) == "eager"
+    monkeypatch.setenv("COOLSD_STEPS", "static")
+    assert steps_module.default_mode(cpu) == steps_module.default_mode(cuda, many_images=True) == "static"
+    for wrong in ("graphs", "fast"):
+        monkeypatch.setenv("COOLSD_STEPS", wrong)
+        with pytest.raises(ValueError, match=r"^\$COOLSD_STEPS must be one of eager, static, graphs, compiled"):
+            steps_module.default_mode(cpu)
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert steps_module.cpp_compiler() is None
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert steps_module.keep_compilations() == tmp_path / ".cache" / "coolsd" / "torchinductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert steps_module.keep_compilations() == tmp_path / "mine"

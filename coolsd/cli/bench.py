@@ -141,7 +141,7 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     args.shard = shard_from_environment()
     if args.profile and args.shard.world > 1:
         raise ValueError("--profile times the parts of a round in one process; run it without torchrun")
-    check_model_args(args)
+    check_model_args(args, many_images=True)
     args.device = shard_device(args.device, args.shard)
     check_device(args.device)
     methods = args.methods if args.methods is not None else ([] if args.preset else DEFAULT_METHODS)

@@ -110,9 +110,10 @@ def check_device(device: str | None) -> None:
             raise ValueError(f"device {device}: only {torch.cuda.device_count()} CUDA GPU(s) are visible")
 
 
-def check_steps(steps: str | None, device: torch.device) -> str:
-    """``--steps``: the device's default when not given; CUDA graphs only on CUDA."""
-    steps = steps or default_mode(device)
+def check_steps(steps: str | None, device: torch.device, many_images: bool = False) -> str:
+    """``--steps``: the device's default when not given (for a run of ``many_images``, the benchmark, the
+    compiled phases on a CPU: :func:`coolsd.models.steps.default_mode`); CUDA graphs only on CUDA."""
+    steps = steps or default_mode(device, many_images)
     if steps == "graphs" and device.type != "cuda":
         raise ValueError(f"--steps graphs captures CUDA graphs and needs a CUDA device; on {device.type} use eager, "
                          "static or compiled")
@@ -141,11 +142,12 @@ def check_threads(threads: str | None) -> int | None:
     return Param("threads", 1, os.cpu_count() or 1, 1, 1, "CPU threads", integer=True).check(threads)
 
 
-def check_model_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Check the options shared with the benchmark; adds ``info`` (ModelInfo), ``tree`` (DraftTree, at most
-    as deep as the model can use) and ``overrides`` (checked sampling settings)."""
+def check_model_args(args: argparse.Namespace, many_images: bool = False) -> argparse.Namespace:
+    """Check the options shared with the benchmark (``many_images``: its default steps); adds ``info``
+    (ModelInfo), ``tree`` (DraftTree, at most as deep as the model can use) and ``overrides`` (checked sampling
+    settings)."""
     check_device(args.device)
-    args.steps = check_steps(args.steps, pick_device(args.device))
+    args.steps = check_steps(args.steps, pick_device(args.device), many_images)
     args.threads = check_threads(args.threads)
     args.seed = check("seed", args.seed)
     args.info = model_info(args.model, args.random_init)

@@ -42,7 +42,9 @@ def format_table(result: dict) -> str:
     timed_note = f" ({timed} timed)" if timed != result["images"] else ""
     lines = [(f"{result['model']} on {result['device']} ({result['dtype']}), {threads} torch thread"
               f"{'s' if threads != 1 else ''}, {result['images']} images x {len(result['runs'])} configurations"
-              f"{timed_note}, {result['repeats']} timing(s) each, draft {result['draft']}")]
+              f"{timed_note}, {result['repeats']} timing(s) each, draft {result['draft']}"),
+             f"speed-ups over AR with the same {result.get('steps', 'eager')} steps (the AR baseline runs as every "
+             "method does, in the same run)"]
     header = ["label", "tau", "fwd/img", "latency ms", "latency IQR ms", "speed-up", "speed-up range",
               "accept/fwd", "loglik/token", "judge acc", "fid"]
     rows = [header]

@@ -14,6 +14,7 @@ drafting step could give (:func:`ceiling`); :func:`structure` counts what a roun
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable
 
 import numpy as np
@@ -28,11 +29,12 @@ from ..core.decode import (
     check_batch_memory,
     decode_batch,
     draft_phase,
+    draw,
     generate,
     score,
     verify_phase,
 )
-from ..core.graphs import CheckedPhases, HostReadError
+from ..core.graphs import CheckedPhases, DrawnPhase, HostReadError
 from ..core.rules import AR, CoolSD, Eagle
 from ..core.sampling import SamplingConfig
 from ..core.stats import time_calls
@@ -48,17 +50,40 @@ DRAFTS = ("chain:5", "tree:eagle25", "tree:wide57")
 
 def timed(step: Callable[[], object], repeats: int, warmup: int, device: torch.device,
           count_operations: bool = True) -> dict:
-    """Median and quartiles (seconds) of ``step`` over ``repeats`` runs after ``warmup`` untimed ones; on a CPU
-    also the seconds its weight matrix multiplies take alone (:func:`matmul_seconds`) and, unless told not to
-    (a ``torch.compile``-d step cannot run under the counting mode), its ATen operations."""
-    seconds = time_calls(step, repeats, warmup, device)
-    part = {"median_s": statistics.median(seconds), "iqr_s": [float(np.percentile(seconds, q)) for q in (25, 75)],
-            "repeats": repeats}
-    if device.type == "cpu":
-        part.update(matmul_seconds(step, repeats))
-        if count_operations:
-            part["operations"] = operation_count(step)
-    return part
+    """One part timed alone: :func:`timed_together` of one."""
+    return timed_together({"part": step}, repeats, warmup, device,
+                          {"part"} if count_operations else set())["part"]
+
+
+def timed_together(steps: dict[str, Callable[[], object]], repeats: int, warmup: int, device: torch.device,
+                   counted: set[str] = frozenset()) -> dict[str, dict]:
+    """Median and quartiles (seconds) of each step over ``repeats`` runs after ``warmup`` untimed ones, the steps
+    interleaved (repeat r runs every step once, in turn), so that every part sees the same machine conditions and
+    parts that add up are comparable (a round is never cheaper than its own verification for lack of it). On a
+    CPU also the seconds each step's weight matrix multiplies take alone (:func:`matmul_seconds`) and, for the
+    steps in ``counted`` (a ``torch.compile``-d step cannot run under the counting mode), its ATen operations."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    sync()
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            began = time.perf_counter()
+            step()
+            sync()
+            seconds[name].append(time.perf_counter() - began)
+    parts = {}
+    for name, step in steps.items():
+        part = {"median_s": statistics.median(seconds[name]),
+                "iqr_s": [float(np.percentile(seconds[name], q)) for q in (25, 75)], "repeats": repeats}
+        if device.type == "cpu":
+            part.update(matmul_seconds(step, repeats))
+            if name in counted:
+                part["operations"] = operation_count(step)
+        parts[name] = part
+    return parts
 
 
 class OperationCount(TorchDispatchMode):
@@ -281,41 +306,68 @@ def wall_clock(bundle: Bundle, sampling: SamplingConfig, images: int, seed: int)
 def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup: int = 3, images: int = 2,
             seed: int = 0, compare_steps: bool = False, batches: tuple[int, ...] = (1,)) -> dict:
     """Every part's time, the speed-ups they imply at the paper's tau, and measured whole-image speed-ups;
-    with ``compare_steps``, the AR step under every other steps mode this device runs; with ``batches`` other
-    than (1,), the rounds of each batch size (:func:`batch_rounds`). A part is a phase of the round as the engine
-    runs it (or, for verification and acceptance, its two halves), from a saved state."""
+    with ``compare_steps``, the AR step and the chain:5 round's parts under every other steps mode this device
+    runs too (``by_steps``); with ``batches`` other than (1,), the rounds of each batch size
+    (:func:`batch_rounds`). A part is a phase of the round as the engine runs it (or, for verification, its two
+    halves), from a saved state; all parts of all modes are timed interleaved, in one loop."""
     device = bundle.device
     cut = bundle.target.image_tokens // 2 - 2  # the trees must fit the half image left
-
-    def time(step: Callable[[], None], steps: str = bundle.steps) -> dict:
-        return timed(step, repeats, warmup, device, count_operations=steps != "compiled")
-
-    ar = Setting(bundle, sampling, DraftTree(()), seed=seed)
-    parts = {"ar_step": time(ar.step("verification", verify_phase))}
-    if compare_steps:
-        for mode in device_modes(device):
-            if mode != bundle.steps:
-                other = bundle.with_steps(mode)
-                parts[f"ar_step [{mode}]"] = time(Setting(other, sampling, DraftTree(()), seed=seed).step(
-                    "verification", verify_phase), mode)
-    for spec in DRAFTS:
-        setting = Setting(bundle, sampling, parse_draft(spec).truncated(cut), seed=seed)
-        parts[f"verify {spec}"] = time(setting.step("score", score))
-        setting.run("score", score)  # the logits the acceptance reads
-        parts[f"acceptance {spec}"] = time(setting.step("acceptance", accept))
-        if bundle.drafter is not None:
-            parts[f"drafting {spec}"] = time(setting.step("drafting", draft_phase))
-            parts[f"round {spec}"] = time(setting.round)
-    if bundle.drafter is not None:
-        parts["drafter_level"] = time(Setting(bundle, sampling, parse_draft("chain:1"), seed=seed).step(
-            "drafting", draft_phase))
+    modes = [bundle.steps] + ([m for m in device_modes(device) if m != bundle.steps] if compare_steps else [])
+    steps, counted = {}, set()
+    for mode in modes:
+        stepped = bundle if mode == bundle.steps else bundle.with_steps(mode)
+        tag = "" if mode == bundle.steps else f" [{mode}]"
+        drafts = DRAFTS if mode == bundle.steps else DRAFTS[:1]
+        for name, step in round_parts(stepped, sampling, drafts, cut, seed).items():
+            steps[name + tag] = step
+            if mode != "compiled":
+                counted.add(name + tag)
+    parts = timed_together(steps, repeats, warmup, device, counted)
     tokens = torch.randint(0, bundle.config.vocab_size, (bundle.config.image_tokens,)).tolist()
     parts["image_decode"] = timed(lambda: bundle.image(tokens), max(3, repeats // 4), 1, device)
     return {"model": bundle.name, "device": device_name(device), "dtype": str(bundle.dtype).removeprefix("torch."),
             "steps": bundle.steps, "threads": torch.get_num_threads(), "parts": parts, "implied": implied(parts),
+            "by_steps": by_steps(parts, modes) if compare_steps else {},
             "ceiling": ceiling(parts) if bundle.drafter is not None and device.type == "cpu" else {},
             "measured": wall_clock(bundle, sampling, images, seed) if bundle.drafter is not None and images else {},
             "batches": batch_rounds(bundle, sampling, batches, repeats, warmup) if batches != (1,) else []}
+
+
+# The acceptance half of a verification: the round's draws, the walk and the commit.
+draw_and_accept = DrawnPhase(draw, accept)
+
+
+def round_parts(bundle: Bundle, sampling: SamplingConfig, drafts: tuple[str, ...], cut: int, seed: int
+                ) -> dict[str, Callable[[], None]]:
+    """The parts to time, as steps from saved states: the AR step, and per draft its verification's two
+    halves (the forward; the draws, walk and commit), its drafting and the whole round; one drafter level."""
+    ar = Setting(bundle, sampling, DraftTree(()), seed=seed)
+    steps = {"ar_step": ar.step("verification", verify_phase)}
+    for spec in drafts:
+        setting = Setting(bundle, sampling, parse_draft(spec).truncated(cut), seed=seed)
+        steps[f"verify {spec}"] = setting.step("score", score)
+        setting.run("score", score)  # the logits the acceptance reads
+        steps[f"acceptance {spec}"] = setting.step("acceptance", draw_and_accept)
+        if bundle.drafter is not None:
+            steps[f"drafting {spec}"] = setting.step("drafting", draft_phase)
+            steps[f"round {spec}"] = setting.round
+    if bundle.drafter is not None:
+        steps["drafter_level"] = Setting(bundle, sampling, parse_draft("chain:1"), seed=seed).step(
+            "drafting", draft_phase)
+    return steps
+
+
+def by_steps(parts: dict, modes: list[str]) -> dict[str, dict]:
+    """Per steps mode, the chain:5 round's parts (seconds, and in that mode's AR steps): ``parts`` holds the
+    first mode's under their plain names and the others' tagged ``[mode]``."""
+    names = ("ar_step", "verify chain:5", "acceptance chain:5", "drafting chain:5", "round chain:5")
+    out = {}
+    for index, mode in enumerate(modes):
+        tag = "" if index == 0 else f" [{mode}]"
+        found = {name: parts[name + tag]["median_s"] for name in names if name + tag in parts}
+        out[mode] = {name: {"median_s": value, "over_ar_step": value / found["ar_step"]}
+                     for name, value in found.items()}
+    return out
 
 
 BATCH_DRAFTS = ("chain:5", "tree:eagle25")
@@ -434,6 +486,14 @@ def format_profile(result: dict) -> str:
     lines += ["", f"| draft | round / AR step | {taus} |", "|---" * (2 + len(PAPER_TAUS)) + "|"]
     for spec, row in result["implied"].items():
         lines.append(f"| {spec} | {row['round_over_ar_step']:.2f} | {speedup_cells(row)} |")
+    if result.get("by_steps"):
+        modes = list(result["by_steps"])
+        lines += ["", "Steps modes (all timed in the same interleaved loop): ms, and in AR steps of the same mode.", "",
+                  "| part | " + " | ".join(modes) + " |", "|---" * (1 + len(modes)) + "|"]
+        for name in result["by_steps"][modes[0]]:
+            cells = [f"{1000 * row[name]['median_s']:.3f} ({row[name]['over_ar_step']:.2f})" if name in row else "-"
+                     for row in result["by_steps"].values()]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if result.get("ceiling"):
         lines += ["", "Ceiling: the round with drafting reduced to its matrix multiplies (last column: every part "
                   "and the AR step reduced to theirs).", "",

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .graphs import EAGER, PhaseRunner
+from .graphs import EAGER, DrawnPhase, PhaseRunner
 from .interface import Drafter, Target, stack_rows
 from .jacobi import JacobiSource
 from .memory import available_memory, gigabytes
@@ -104,7 +104,8 @@ class Workspace:
         # constants (one kept root, its token drawn from the target); a speculative round fills the whole row
         self.row = torch.zeros(batch, self.records.shape[2], dtype=torch.float64, device=device)
         bounds = dict(zip(widths, np.cumsum([0, *widths.values()]).tolist()))
-        self.row_start, self.row_emitted = self.row[:, :1], self.row[:, bounds["emitted"]:bounds["emitted"] + 1]
+        # an AR step's columns, by index (not as views of the row: a compiled phase must not see aliased inputs)
+        self.emitted_column = bounds["emitted"]
         for name, value in (("count", 1), ("origin", TARGET_CODE), ("valid", 1), ("on_path", 1)):
             self.row[:, bounds[name]].fill_(value)
         shape = (batch, images, window, target.vocab_size)
@@ -123,7 +124,8 @@ class Workspace:
         """From each image's own generator: ``uniforms`` (this round's, or the first token's), then every random
         buffer of the draft source (the drafter's next races for every level, however deep that round drafts; a
         Jacobi window's refresh draws). So an image consumes its stream in the same order alone or in any batch
-        (spec section 9)."""
+        (spec section 9). Never compiled (:class:`coolsd.core.graphs.DrawnPhase`): compiled and eager rounds draw
+        the same numbers."""
         for image, generator in enumerate(self.generators):
             uniforms[image].uniform_(generator=generator)
             for buffer, law in self.source.randoms:
@@ -177,10 +179,21 @@ def draft_phase(ws: Workspace, levels: int | None = None) -> None:
         ws.source.draft(ws, ws.tree.depth if levels is None else levels)
 
 
-def verify_phase(ws: Workspace) -> None:
+def draw(ws: Workspace) -> None:
+    """The round's random numbers from each image's stream: the walk's uniforms, then the draft source's (they
+    come first in a verification: nothing in them depends on its forward)."""
+    with ws.timer.phase("acceptance"):
+        ws.draw_randoms(ws.walk_uniforms)
+
+
+def score_and_accept(ws: Workspace) -> None:
     """Score root + tree in one target forward, then walk it with the rule and commit what it kept."""
     score(ws)
     accept(ws)
+
+
+# A verification: the round's draws, then the forward, the walk and the commit (compiled as one region).
+verify_phase = DrawnPhase(draw, score_and_accept)
 
 
 def score(ws: Workspace) -> None:
@@ -199,10 +212,10 @@ def score(ws: Workspace) -> None:
 def accept(ws: Workspace) -> None:
     """Walk each image's scored tree with the rule, then commit: the kept path's keys in the target cache, the
     emitted tokens and the round's record; then the draft source observes the outcome (the drafter's next
-    catch-up pairs, a Jacobi window's refresh). A finished image commits nothing."""
+    catch-up pairs, a Jacobi window's refresh); its random numbers were drawn by :func:`draw`. A finished image
+    commits nothing."""
     tree, index, images = ws.tree, ws.index, ws.target.image_tokens
     with ws.timer.phase("acceptance"):
-        ws.draw_randoms(ws.walk_uniforms)
         p = ws.guided(ws.logits, ws.allowed(index["depths"])).to(ws.dtype)
         valid = ws.node_valid & (index["depths"] < (images - ws.n)[:, None])  # nothing past the image's end
         if tree.size:
@@ -234,8 +247,8 @@ def record(ws: Workspace, verdict: Verdict, valid: Tensor, count: Tensor) -> Non
                    ws.node_origin, valid, verdict.accepted, verdict.tested, verdict.on_path, verdict.accept_prob,
                    verdict.cost, verdict.level_prob], 1, out=ws.row)
     else:
-        ws.row_start.copy_(ws.n[:, None])
-        ws.row_emitted.copy_(verdict.emitted)
+        ws.row[:, 0] = ws.n
+        ws.row[:, ws.emitted_column] = verdict.emitted[:, 0]
     ws.records.index_put_((ws.image_range, ws.rounds), ws.row)
 
 
@@ -441,4 +454,5 @@ def generate(bundle, condition: Any, rule: AcceptanceRule, draft: DraftTree | No
 
 
 __all__ = ["EMPTY", "Generation", "Watch", "Workspace", "accept", "batch_memory", "check_batch_memory", "decode",
-           "decode_batch", "draft_phase", "generate", "generate_batch", "prefill", "score", "verify_phase", "walk"]
+           "decode_batch", "draft_phase", "draw", "generate", "generate_batch", "prefill", "score", "verify_phase",
+           "walk"]

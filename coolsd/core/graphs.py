@@ -1,22 +1,39 @@
-"""How a round's phases run: eagerly, or captured once as CUDA graphs and replayed.
+"""How a round's phases run: eagerly, compiled, or captured once as CUDA graphs and replayed.
 
 A phase (``coolsd.core.decode.draft_phase``, ``verify_phase``) reads and writes only the fixed buffers of its
 workspace and never reads a value back to the host, so the same kernels run every round on the same memory:
-exactly what a CUDA graph replays. :class:`CheckedPhases` proves that on a CPU (it runs each phase under a
-recorder and refuses a host read or an operation sequence that changes between rounds).
+exactly what a CUDA graph replays, and what ``torch.compile`` turns into one region of fixed shapes
+(:class:`CompiledPhases`, the CPU's counterpart). :class:`CheckedPhases` proves that on a CPU (it runs each phase
+under a recorder and refuses a host read or an operation sequence that changes between rounds).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 Phase = Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class DrawnPhase:
+    """A phase that first draws its random numbers from the images' generators (``draw``), then runs ``body``
+    on them. A graph captures both; a compiling runner compiles ``body`` alone and runs ``draw`` eagerly before
+    it (dynamo cannot trace a draw from an explicit generator, and a graph break inside a phase would leave the
+    rest of it uncompiled)."""
+
+    draw: Phase
+    body: Phase
+
+    def __call__(self, workspace: Any) -> None:
+        self.draw(workspace)
+        self.body(workspace)
 
 
 class PhaseRunner(Protocol):
@@ -78,13 +95,23 @@ EAGER = EagerPhases()
 
 
 class NullTimer:
-    """Times nothing: a phase's own timers while it is being warmed up or captured."""
+    """Times nothing: a phase's own timers while it is being warmed up, captured or compiled (a plain
+    ``nullcontext``, which ``torch.compile`` traces through)."""
 
     seconds: dict = {}
 
-    @contextmanager
-    def phase(self, name: str):
-        yield
+    def phase(self, name: str) -> nullcontext:
+        return nullcontext()
+
+
+# a whole phase's timer, by phase name (the profile also runs a verification's halves as phases)
+TIMED = {"drafting": "drafting", "verification": "target_forward", "score": "target_forward",
+         "acceptance": "acceptance"}
+
+
+def timed_as(name: str) -> str:
+    """The timer a phase run as one piece counts under (``drafting:3`` is drafting)."""
+    return TIMED.get(name.split(":")[0], name)
 
 
 class KeptPhases:
@@ -117,16 +144,27 @@ class CudaGraphPhases(KeptPhases):
     round is two replays (drafting, verification; near the image's end, drafting at each shallower depth is
     its own graph), an AR step one. The first call is the round itself, run on a
     side stream (allocations, cuBLAS workspaces, compilation), then the phase is captured without running.
-    Replays are timed as a whole: ``drafting``, and ``target_forward`` for the verification with its walk."""
+    Replays are timed as a whole: ``drafting``, and ``target_forward`` for the verification with its walk.
+    ``compiled``: each phase is ``torch.compile``-d before it is captured (its kernels fused inside the graph),
+    after a first eager call (as :class:`CompiledPhases` does)."""
 
-    TIMED = {"drafting": "drafting", "verification": "target_forward"}
+    def __init__(self, compiled: bool = False) -> None:
+        super().__init__()
+        self.compiled = compiled
+        if compiled:
+            allow_recompiles()
 
     def run(self, workspace: Any, name: str, phase: Phase) -> None:
         graphs = workspace.captured_phases
-        if name in graphs:
-            with workspace.timer.phase(self.TIMED.get(name.split(":")[0], name)):
+        if graphs.get(name) is not None:
+            with workspace.timer.phase(timed_as(name)):
                 graphs[name].replay()
             return
+        if self.compiled and name not in graphs:  # an eager round first: lazy tables are made then, not traced
+            graphs[name] = None
+            phase(workspace)
+            return
+        phase = compiled_phase(phase) if self.compiled else phase
         timer, workspace.timer = workspace.timer, NullTimer()
         try:
             side = torch.cuda.Stream()
@@ -142,6 +180,54 @@ class CudaGraphPhases(KeptPhases):
         finally:
             workspace.timer = timer
         graphs[name] = graph
+
+
+def allow_recompiles() -> None:
+    """Let dynamo keep a compilation per phase shape: every drafting depth, rule and draft tree is one (its
+    default limit of 8 per function would fall back to eager, silently, after the eighth)."""
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), 1024))
+    if hasattr(config, "accumulated_recompile_limit"):
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4096)
+
+
+def compiled_phase(phase: Phase, backend: Any = "inductor") -> Phase:
+    """A phase as one ``torch.compile`` region of fixed shapes (the workspace's buffers never change shape); a
+    :class:`DrawnPhase`'s draws stay outside it, run eagerly first."""
+    if isinstance(phase, DrawnPhase):
+        return DrawnPhase(phase.draw, torch.compile(phase.body, dynamic=False, backend=backend))
+    return torch.compile(phase, dynamic=False, backend=backend)
+
+
+class CompiledPhases(KeptPhases):
+    """The CPU counterpart of :class:`CudaGraphPhases`: each phase of a workspace is one ``torch.compile`` region
+    (the forward, the walk, the commit, the record and the source's refresh fused into a few kernels, no Python
+    between them). Workspaces are kept as the graph runner
+    keeps them, so a phase compiles once per kind of generation; compilations are cached on disk by inductor
+    (:func:`coolsd.models.steps.keep_compilations`). As with a graph, a phase's first call is an eager warm-up
+    (lazy tables, such as rotary angles, are made then and are not traced as changing state), compiled from the
+    second on. A phase is timed as a whole, as a replayed graph is."""
+
+    def __init__(self, backend: Any = "inductor") -> None:
+        super().__init__()
+        self.backend = backend  # inductor; a test may count the traced graphs instead
+        allow_recompiles()
+
+    def run(self, workspace: Any, name: str, phase: Phase) -> None:
+        compiled = workspace.captured_phases
+        if name not in compiled:  # the warm-up
+            compiled[name] = None
+            phase(workspace)
+            return
+        if compiled[name] is None:
+            compiled[name] = compiled_phase(phase, self.backend)
+        timer, workspace.timer = workspace.timer, NullTimer()
+        try:
+            with timer.phase(timed_as(name)):
+                compiled[name](workspace)
+        finally:
+            workspace.timer = timer
 
 
 class HostReadError(RuntimeError):

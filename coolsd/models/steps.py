@@ -4,40 +4,40 @@ On a GPU a batch-1 step of a large target is bound by kernel launches and weight
 if its steps are cheap to launch. :class:`coolsd.models.cache.StaticKVCache` attends over its whole buffer with a
 mask built on the device and commits on the device, so every round runs the same kernels on the same buffers,
 with nothing read back to the host. :class:`Steps` wraps a target or a drafter, keeps its caches between images,
-optionally compiles its forward, and carries the runner that captures the round's phases as CUDA graphs
-(:class:`coolsd.core.graphs.CudaGraphPhases`). The decoding loop does not change: it sees a Target or Drafter
-(:mod:`coolsd.core.interface`).
+and carries the runner of the round's phases: captured as CUDA graphs (:class:`coolsd.core.graphs.CudaGraphPhases`)
+or, in the compiled mode, each phase one ``torch.compile`` region (on a CPU
+:class:`coolsd.core.graphs.CompiledPhases`; on CUDA compiled, then captured). The decoding loop does not change:
+it sees a Target or Drafter (:mod:`coolsd.core.interface`).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..core.graphs import EAGER, CudaGraphPhases, PhaseRunner
+from ..core.graphs import EAGER, CompiledPhases, CudaGraphPhases, PhaseRunner
 from .cache import StaticKVCache
 
 MODES = ("eager", "static", "graphs", "compiled")
-MODE_HELP = ("model steps: eager (a cache sliced to its length; the CPU default, whose tokens the tests pin), "
-             "static (a fixed-size cache attended with a mask), graphs (static, each step shape captured once as "
-             "a CUDA graph and replayed; the CUDA default), compiled (static with a torch.compile-d forward, "
-             "captured as CUDA graphs on CUDA)")
+MODE_HELP = ("model steps: eager (a cache sliced to its length, the tokens the tests pin; the app's CPU mode), "
+             "static (a fixed-size cache attended with a mask), graphs (static, each phase of the round captured "
+             "once as a CUDA graph and replayed; the CUDA default), compiled (static, each phase of the round one "
+             "torch.compile region, captured as CUDA graphs on CUDA; the benchmark's CPU default where a C++ "
+             "compiler is found). $COOLSD_STEPS sets the default")
 
 
 class Steps:
-    """A target or drafter run with static caches, kept between images (a captured graph holds their buffers),
-    and optionally a ``torch.compile``-d forward. Everything else is the wrapped model's (attribute access falls
+    """A target or drafter run with static caches, kept between images (a captured graph or a compiled phase
+    holds their buffers). Everything else is the wrapped model's (attribute access falls
     through). ``runner`` runs the decoding round's phases (CUDA graphs, for the graphs and compiled modes)."""
 
-    def __init__(self, model: nn.Module, compile_forward: bool = False, runner: PhaseRunner = EAGER) -> None:
+    def __init__(self, model: nn.Module, runner: PhaseRunner = EAGER) -> None:
         self.model, self.runner = model, runner
-        if compile_forward:  # one compilation per call shape: allow more than dynamo's default of 8
-            config = torch._dynamo.config
-            limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-            setattr(config, limit, max(getattr(config, limit), 64))
-        self.forward = torch.compile(model, dynamic=False, fullgraph=True) if compile_forward else model
         self.caches: dict[tuple[int, int, int], StaticKVCache] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -55,7 +55,7 @@ class Steps:
 
     def __call__(self, *args) -> Tensor:
         """The model's forward with the positional arguments of its interface (the cache among them)."""
-        return self.forward(*args)
+        return self.model(*args)
 
 
 def with_steps(target: nn.Module, drafter: nn.Module | None, mode: str) -> tuple[Any, Any]:
@@ -69,8 +69,12 @@ def with_steps(target: nn.Module, drafter: nn.Module | None, mode: str) -> tuple
     if mode == "graphs" and not cuda:
         raise ValueError(f"steps 'graphs' capture CUDA graphs and need a CUDA device; on {target.device} use "
                          "'eager', 'static' or 'compiled'")
-    runner = CudaGraphPhases() if cuda and mode in ("graphs", "compiled") else EAGER
-    wrap = lambda model: Steps(model, compile_forward=mode == "compiled", runner=runner)  # noqa: E731
+    if mode == "compiled":
+        keep_compilations()
+        runner = CudaGraphPhases(compiled=True) if cuda else CompiledPhases()
+    else:
+        runner = CudaGraphPhases() if mode == "graphs" else EAGER
+    wrap = lambda model: Steps(model, runner=runner)  # noqa: E731
     return wrap(target), (wrap(drafter) if drafter is not None else None)
 
 
@@ -79,5 +83,33 @@ def unwrapped(model: Any) -> Any:
     return model.model if isinstance(model, Steps) else model
 
 
-def default_mode(device: torch.device) -> str:
-    return "graphs" if device.type == "cuda" else "eager"
+def default_mode(device: torch.device, many_images: bool = False) -> str:
+    """The measured fastest steps where they pay: CUDA graphs on CUDA; on a CPU, compiled phases for a run of
+    ``many_images`` (the benchmark: a first compilation takes a minute or more, cached on disk after) where a C++
+    compiler is found, else eager (the app and one-off generations: the first compiled image costs more than it
+    saves).
+    ``$COOLSD_STEPS`` overrides both."""
+    chosen = os.environ.get("COOLSD_STEPS")
+    if chosen:
+        if chosen not in MODES or (chosen == "graphs" and device.type != "cuda"):
+            raise ValueError(f"$COOLSD_STEPS must be one of {', '.join(MODES)} (graphs only on CUDA), "
+                             f"got {chosen!r}")
+        return chosen
+    if device.type == "cuda":
+        return "graphs"
+    return "compiled" if many_images and cpp_compiler() else "eager"
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would use on a CPU ($CXX, else c++, g++ or clang++ on the PATH), or None."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
+    return next((found for found in map(shutil.which, names) if found), None)
+
+
+def keep_compilations() -> Path:
+    """Inductor's compiled kernels kept in the user's cache (``$TORCHINDUCTOR_CACHE_DIR`` if set), not in a
+    temporary folder, so that a second start loads them instead of compiling (measured: a first compiled COOL-SD
+    image took 88 s, the same image in a new process 16 s)."""
+    folder = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                                   str(Path.home() / ".cache" / "coolsd" / "torchinductor"))
+    return Path(folder)
