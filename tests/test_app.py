@@ -1,5 +1,6 @@
 """The app's callbacks, called directly: validation, outputs, theory updates, API payload."""
 
+import dataclasses
 import json
 import logging
 import statistics
@@ -97,6 +98,11 @@ def test_timing_is_measured_in_the_request_with_its_spread(generated):
     assert low <= high and median > 0
     assert f"{timing.repeats} interleaved repeats" in table and "CPU thread" in table
     assert "on cpu (float32, eager steps" in table and timing.to_dict()["device"] == "cpu"  # where it ran
+    # the baseline named: AR with the same steps, and on a CPU with eager steps, that a compiled AR is faster
+    assert "against AR with the same eager steps" in table and views.EAGER_BASELINE in table
+    compiled = dataclasses.replace(timing, steps="compiled")
+    assert views.EAGER_BASELINE not in views.timing_table(dataclasses.replace(timed, timing=compiled))
+    assert "against AR with the same compiled steps." in views.timing_table(dataclasses.replace(timed, timing=compiled))
     assert f"**{median:.2f}x**<br><small>{low:.2f}–{high:.2f}</small>" in table  # the range on a second line
     assert "measuring" not in table
 

@@ -132,6 +132,8 @@ def test_the_race_clock_slows_every_lane_by_one_factor():
     halfway = frames.race_table([fast, slow], 0.15, factor)
     assert "| COOL-SD | 6 / 6 | 2 | finished at 100.0 ms |" in halfway and "| AR | 1 / 2 | 1 | 150.0 ms… |" in halfway
     assert "| AR | 2 / 2 | 2 | 399.0 ms… |" in frames.race_table([fast, slow], 0.399, factor)  # the read-back is left
+    footnote = frames.race_table([fast, slow], 0.4, factor, "compiled")
+    assert "Every run, AR included, ran with compiled steps." in footnote
     assert frames.race_verdict([slow, fast]).startswith("**COOL-SD finished first** (100.0 ms; AR 4.00x its time)")
     picture = frames.race_frame([fast, slow], (2, 2), 0.2)
     assert picture.size == (2 * 4 + frames.GAP, 4 + frames.TITLE + 8)

@@ -125,8 +125,9 @@ def race_frame(lanes: list[Lane], grid: tuple[int, int], clock: float) -> Image.
     return canvas
 
 
-def race_table(lanes: list[Lane], clock: float, factor: float) -> str:
-    """Markdown: per lane its tokens, target forwards and state at model time ``clock``, and the slow-down."""
+def race_table(lanes: list[Lane], clock: float, factor: float, steps: str = "eager") -> str:
+    """Markdown: per lane its tokens, target forwards and state at model time ``clock``, and the slow-down (every
+    lane ran with the same ``steps``, AR included)."""
     rows = ["| run | tokens | target forwards | time |", "|---|---|---|---|"]
     for lane in lanes:
         rounds = lane.done(clock)
@@ -135,7 +136,8 @@ def race_table(lanes: list[Lane], clock: float, factor: float) -> str:
         rows.append(f"| {lane.name} | {lane.tokens(rounds)} / {lane.stats.tokens} | {rounds} | {state} |")
     return "\n".join(rows) + (f"\n\n<small>Replayed {factor:.0f}x slower than measured: each run finishes at its "
                               "median latency in the timing table, and its rounds end at the times measured in its "
-                              "timed run of median latency.</small>")
+                              f"timed run of median latency. Every run, AR included, ran with {steps} steps."
+                              "</small>")
 
 
 def race_verdict(lanes: list[Lane]) -> str:

@@ -164,8 +164,21 @@ def timing_table(result: Comparison) -> str:
                 f"in this request, on {timing.device} ({timing.dtype}, {timing.steps} steps, {timing.threads} CPU "
                 f"thread{'s' * (timing.threads > 1)}). Speed-up: AR's median "
                 "latency / the run's median latency (below it: the lowest and highest per-repeat ratio, which always "
-                "hold it; the bench's definition too). tau: tokens per target forward.")
+                "hold it; the bench's definition too), " + baseline(timing.steps, timing.device)
+                + " tau: tokens per target forward.")
     return "\n".join(speed) + "\n\n" + "\n".join(work) + f"\n\n<small>{note}</small>"
+
+
+EAGER_BASELINE = ("a CPU AR with compiled steps is faster than eager AR, and speculative decoding gains less "
+                  "against it: the benchmark's CPU figures (python -m coolsd.bench, compiled by default) are "
+                  "against that fastest AR.")
+
+
+def baseline(steps: str, device: str) -> str:
+    """Which AR a speed-up is measured against: the same steps as every run; on a CPU with eager steps, said to
+    be slower than the compiled AR the benchmark compares with."""
+    said = f"against AR with the same {steps} steps"
+    return f"{said}; {EAGER_BASELINE}" if steps == "eager" and device.startswith("cpu") else f"{said}."
 
 
 def grid_of(bundle: Bundle) -> tuple[int, int]:

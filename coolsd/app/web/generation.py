@@ -175,7 +175,7 @@ def on_race(result, request: gr.Request | None = None):
         if stale(result, request):
             return
         time.sleep(max(0.0, began + clock * factor - time.perf_counter()))
-        table = frames.race_table(lanes, clock, factor)
+        table = frames.race_table(lanes, clock, factor, result.timing.steps)
         finished = all(clock >= lane.finish for lane in lanes)
         yield (gr.update(value=frames.race_frame(lanes, grid, clock), visible=True),
                (frames.race_verdict(lanes) + "\n\n" if finished else "") + table)
