@@ -14,7 +14,6 @@ drafting step could give (:func:`ceiling`); :func:`structure` counts what a roun
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable
 
 import numpy as np
@@ -37,7 +36,7 @@ from ..core.decode import (
 from ..core.graphs import CheckedPhases, DrawnPhase, HostReadError
 from ..core.rules import AR, CoolSD, Eagle
 from ..core.sampling import SamplingConfig
-from ..core.stats import time_calls
+from ..core.stats import time_calls, time_interleaved
 from ..core.trees import DraftTree, parse_draft
 from ..models.bundle import Bundle, device_name
 from ..models.gpt import Caption
@@ -62,18 +61,7 @@ def timed_together(steps: dict[str, Callable[[], object]], repeats: int, warmup:
     parts that add up are comparable (a round is never cheaper than its own verification for lack of it). On a
     CPU also the seconds each step's weight matrix multiplies take alone (:func:`matmul_seconds`) and, for the
     steps in ``counted`` (a ``torch.compile``-d step cannot run under the counting mode), its ATen operations."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
-    sync()
-    seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            began = time.perf_counter()
-            step()
-            sync()
-            seconds[name].append(time.perf_counter() - began)
+    seconds = time_interleaved(steps, repeats, warmup, device)
     parts = {}
     for name, step in steps.items():
         part = {"median_s": statistics.median(seconds[name]),
@@ -316,7 +304,7 @@ def profile(bundle: Bundle, sampling: SamplingConfig, repeats: int = 20, warmup:
     steps, counted = {}, set()
     for mode in modes:
         stepped = bundle if mode == bundle.steps else bundle.with_steps(mode)
-        tag = "" if mode == bundle.steps else f" [{mode}]"
+        tag = mode_tag(mode, bundle.steps)
         drafts = DRAFTS if mode == bundle.steps else DRAFTS[:1]
         for name, step in round_parts(stepped, sampling, drafts, cut, seed).items():
             steps[name + tag] = step
@@ -357,13 +345,18 @@ def round_parts(bundle: Bundle, sampling: SamplingConfig, drafts: tuple[str, ...
     return steps
 
 
+def mode_tag(mode: str, main: str) -> str:
+    """How a part's name says its steps mode: nothing for the bundle's own (``main``), `` [mode]`` otherwise."""
+    return "" if mode == main else f" [{mode}]"
+
+
 def by_steps(parts: dict, modes: list[str]) -> dict[str, dict]:
     """Per steps mode, the chain:5 round's parts (seconds, and in that mode's AR steps): ``parts`` holds the
-    first mode's under their plain names and the others' tagged ``[mode]``."""
+    first mode's under their plain names and the others' tagged (:func:`mode_tag`)."""
     names = ("ar_step", "verify chain:5", "acceptance chain:5", "drafting chain:5", "round chain:5")
     out = {}
-    for index, mode in enumerate(modes):
-        tag = "" if index == 0 else f" [{mode}]"
+    for mode in modes:
+        tag = mode_tag(mode, modes[0])
         found = {name: parts[name + tag]["median_s"] for name in names if name + tag in parts}
         out[mode] = {name: {"median_s": value, "over_ar_step": value / found["ar_step"]}
                      for name, value in found.items()}

@@ -99,7 +99,8 @@ def summarise_study(bench: Bench, keep_images: bool) -> dict:
     judge_size = getattr(bundle.quality, "num_features", None)
     return {"model": bundle.name, "model_shape": bundle.config.to_dict(), "target_sha256": bundle.weights_digest(),
             "device": str(bundle.device), "dtype": str(next(bundle.target.parameters()).dtype),
-            "steps": bundle.steps, "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+            "steps": bundle.steps, "threads": torch.get_num_threads(),
+            "machine": platform.processor() or platform.machine(),
             "images": study.images, "latency_images": study.timed_images, "repeats": study.repeats,
             "batch": study.batch, "latency_batch": main_batch, "batches": batch_table(bench),
             "draft": ", ".join(study.drafts) or "none", "drafts": study.drafts,

@@ -166,16 +166,24 @@ class Timer:
 def time_calls(work, repeats: int, warmup: int, device: torch.device) -> list[float]:
     """Wall seconds of each of ``repeats`` calls of ``work`` after ``warmup`` untimed ones, the device's queue
     drained around each (for benchmarks, never inside a generation)."""
+    return time_interleaved({"work": work}, repeats, warmup, device)["work"]
+
+
+def time_interleaved(works: dict, repeats: int, warmup: int, device: torch.device) -> dict[str, list[float]]:
+    """:func:`time_calls` of several works, interleaved: each repeat calls every work once, in turn, so that all
+    see the same machine conditions. Returns each work's seconds by its name."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        work()
+    for work in works.values():
+        for _ in range(warmup):
+            work()
     sync()
-    seconds = []
+    seconds: dict[str, list[float]] = {name: [] for name in works}
     for _ in range(repeats):
-        began = time.perf_counter()
-        work()
-        sync()
-        seconds.append(time.perf_counter() - began)
+        for name, work in works.items():
+            began = time.perf_counter()
+            work()
+            sync()
+            seconds[name].append(time.perf_counter() - began)
     return seconds
 
 
