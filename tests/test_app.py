@@ -329,7 +329,7 @@ def test_parse_request_checks_only_what_the_method_takes():
         session.parse_request(STATE.bundle, "COOL-SD", {"delta": 10}, *common)
     with pytest.raises(ValueError, match="method parameters must be a mapping"):
         session.parse_request(STATE.bundle, "COOL-SD", [2.0], *common)
-    with pytest.raises(ValueError, match="expected 20 control values"):
+    with pytest.raises(ValueError, match="expected 21 control values"):
         session.parse_controls(STATE.bundle, controls()[:3])
 
 
@@ -712,7 +712,8 @@ def test_an_older_requests_timing_never_replaces_a_newer_one():
     assert generation.on_figures(older, "fid", None, False, browser) == [gr.skip()] * 9
     table, timed = generation.on_timing(newer, browser)
     assert timed.request.label == "Eagle-1 (lossless)" and timed.request.seed == 32 and timed.timing is not None
-    assert "Eagle-1 (lossless)" in table and "COOL-SD" not in table and newer.timing is None  # a copy is timed
+    assert "Eagle-1 (lossless, Eagle-1 drafter)" in table and "COOL-SD" not in table  # the drafter named
+    assert newer.timing is None  # a copy is timed
     assert generation.on_timing(older, BrowserSession("another")) != (gr.skip(), gr.skip())  # other sessions: unaffected
 
 
@@ -1158,17 +1159,18 @@ def test_gsd_runs_from_the_controls_and_the_api():
         api.generate(method="GSD", gap=2.0)
 
 
-@pytest.mark.parametrize("endpoint, counts", [("generate", (15, 17, 20)), ("generate_batch", (16, 19))])
+@pytest.mark.parametrize("endpoint, counts", [("generate", (15, 17, 20, 21)), ("generate_batch", (16, 19, 20))])
 def test_older_api_clients_keep_their_positions(endpoint, counts):
-    """GSD's values come last: a client that sends the values of an older contract gets the defaults for the
-    rest; one more value than the newest contract takes is refused in one line."""
+    """GSD's values, then the drafter, come last: a client that sends the values of an older contract gets the
+    defaults for the rest; one more value than the newest contract takes is refused in one line."""
+    tail = {"generate": ["", "", 7, 0.15, 0.5, "eagle1"], "generate_batch": [7, 0.15, 0.5, "eagle1"]}[endpoint]
     fn = next(fn for fn in DEMO.fns.values() if fn.api_name == endpoint)
     parameters = DEMO.get_api_info()["named_endpoints"][f"/{endpoint}"]["parameters"]
-    assert [parameter["parameter_name"] for parameter in parameters][-3:] == ["ranks", "gap", "dist"]
+    assert [parameter["parameter_name"] for parameter in parameters][-4:] == ["ranks", "gap", "dist", "drafter"]
     for count in counts[:-1]:
         values = [None] * count
         DEMO.validate_inputs(fn, values)
-        assert len(values) == len(fn.inputs) == counts[-1] and values[-3:] == [7, 0.15, 0.5]
+        assert len(values) == len(fn.inputs) == counts[-1] and values[count:] == tail[len(tail) - counts[-1] + count:]
     with pytest.raises(gr.Error, match=f"/{endpoint} takes {counts[0]} to {counts[-1]} values, got {counts[-1] + 1}"):
         DEMO.validate_inputs(fn, [None] * (counts[-1] + 1))
 
@@ -1188,3 +1190,177 @@ def test_theory_of_gsd_on_toy_pairs_uses_the_toy_tokens_embeddings(generated):
     assert float(eagle.split("E[N] = **")[1].split("**")[0]) < expected["expected_accepted"]
     figure, text = panels.on_theory(generated[5], *controls(method="GSD with G*"), "last generation", 0, False)
     assert isinstance(figure, Figure) and "⚠️" not in text and "captured along the last Eagle-1 run" in text
+
+
+# The drafter: Eagle-1 or EAGLE-3, for every rule, in both images, the timing and the race ----------------------
+TWO_DRAFTERS = "two-drafters"  # the selector's key of the shipped model with an EAGLE-3 drafter beside its Eagle-1
+ONE_DRAFTER = "eagle1-only"  # ... and of the shipped model with its Eagle-1 drafter alone (whatever it ships)
+
+
+@pytest.fixture(scope="module")
+def one():
+    """The shipped model with its Eagle-1 drafter alone, as the selector's model ONE_DRAFTER."""
+    eagle1 = STATE.bundle.drafters["eagle1"]
+    bundle = dataclasses.replace(STATE.bundle, drafter=eagle1, drafters={"eagle1": eagle1})
+    STATE.models.loaded[ONE_DRAFTER] = bundle
+    yield bundle
+    del STATE.models.loaded[ONE_DRAFTER]
+
+
+@pytest.fixture(scope="module")
+def both():
+    """The shipped model with a random EAGLE-3 drafter (reading its layers 2, 16 and 29) beside its Eagle-1, as
+    the selector's model TWO_DRAFTERS."""
+    from coolsd.models.eagle import Eagle3Drafter
+    torch.manual_seed(0)
+    eagle3 = Eagle3Drafter(STATE.bundle.config).eval()
+    eagle3.share_embedding(STATE.bundle.target)
+    bundle = dataclasses.replace(STATE.bundle, drafters={**STATE.bundle.drafters, "eagle3": eagle3})
+    STATE.models.loaded[TWO_DRAFTERS] = bundle
+    yield bundle
+    del STATE.models.loaded[TWO_DRAFTERS]
+
+
+def expected_runs(bundle, request, drafter):
+    """The library's own runs of ``request`` (its rule, then Eagle-1's rule) with ``drafter``."""
+    from coolsd.core.decode import generate
+    from coolsd.core.rules import Eagle
+    model, cls = bundle.with_drafter(drafter), session.condition(bundle, request)
+    return [generate(model, cls, rule, request.tree, request.sampling, request.seed)
+            for rule in (request.rule, Eagle())]
+
+
+@pytest.fixture(scope="module")
+def eagle3_generated(both):
+    """Generate on TWO_DRAFTERS with the EAGLE-3 drafter chosen (seed 5), as the page sends it."""
+    return last(generation.on_generate(*controls(model=TWO_DRAFTERS, drafter="eagle3", seed=5), progress=no_progress))
+
+
+def test_the_drafter_control_offers_the_models_drafters_and_follows_model_and_draft(both, one):
+    """The Drafter radio sits in the draft box with the shipped model's drafters, Eagle-1 chosen; a model with one
+    drafter hides it (no choice to make), one with two shows both. Switching models keeps the user's choice where
+    the new model has it, else Eagle-1; a Jacobi window hides it (the target drafts for itself)."""
+    radio = DEMO.named["drafter"]
+    assert isinstance(radio, gr.Radio) and radio.label == "Drafter" and radio.value == "eagle1"
+    names = {"eagle1": "Eagle-1", "eagle3": "EAGLE-3"}
+    assert radio.choices == [(names[name], name) for name in STATE.bundle.drafters]
+    assert radio.visible is (len(STATE.bundle.drafters) > 1)
+    assert inputs.defaults(both)["drafter"] == "eagle1"
+    with gr.Blocks():
+        shown, hidden = (layout.drafter_radio(bundle, inputs.defaults(bundle)) for bundle in (both, one))
+    assert shown.choices == [("Eagle-1", "eagle1"), ("EAGLE-3", "eagle3")] and shown.visible is True
+    assert hidden.choices == [("Eagle-1", "eagle1")] and hidden.visible is False
+    events = {fn.api_name: fn for fn in DEMO.fns.values()}
+    assert radio in events["on_model"].inputs and radio in events["on_model"].outputs
+    assert radio in events["on_draft"].outputs
+
+    def switch(model, previous, draft, drafter):
+        return dict(zip(settings.MODEL_OUTPUTS, settings.on_model(model, previous, False, draft, drafter,
+                                                                  progress=no_progress)))["drafter"]
+
+    there = switch(TWO_DRAFTERS, "default", "chain:5", "eagle1")
+    assert there["choices"] == [("Eagle-1", "eagle1"), ("EAGLE-3", "eagle3")] and there["visible"] is True
+    assert switch(TWO_DRAFTERS, "default", "tree:eagle25", "eagle3")["value"] == "eagle3"
+    assert switch(TWO_DRAFTERS, "default", "jacobi:16", "eagle3")["visible"] is False
+    back = switch(ONE_DRAFTER, TWO_DRAFTERS, "chain:5", "eagle3")  # that model has no EAGLE-3 drafter
+    assert back["choices"] == [("Eagle-1", "eagle1")] and back["value"] == "eagle1" and back["visible"] is False
+    assert settings.on_draft("tree:eagle25", TWO_DRAFTERS)["visible"] is True
+    assert settings.on_draft("jacobi:8:coupled", TWO_DRAFTERS)["visible"] is False
+    assert settings.on_draft("chain:5", ONE_DRAFTER)["visible"] is False
+
+
+def test_a_request_with_the_eagle3_drafter_decodes_both_images_with_it(both, eagle3_generated):
+    """Both images of an EAGLE-3 request are the library's runs with the EAGLE-3 drafter, not Eagle-1's (whose
+    rounds differ); the labels and the timing table name the drafter, AR's row none."""
+    image, eagle_image, table, _, _, result, *_ = eagle3_generated
+    request = result.request
+    assert request.drafter == "eagle3" and request.model == TWO_DRAFTERS
+    method, eagle = expected_runs(both, request, "eagle3")
+    assert result.method.tokens == method.tokens and result.eagle.tokens == eagle.tokens
+    assert result.method.stats.accepted_per_round == method.stats.accepted_per_round
+    assert result.eagle.stats.accepted_per_round == eagle.stats.accepted_per_round
+    eagle1 = expected_runs(both, request, "eagle1")[1]
+    assert result.eagle.stats.accepted_per_round != eagle1.stats.accepted_per_round
+    assert image["label"] == "COOL-SD (chain:5, EAGLE-3 drafter)"
+    assert eagle_image["label"] == "Eagle-1 (lossless, chain:5, EAGLE-3 drafter)"
+    assert "| COOL-SD (EAGLE-3 drafter) |" in table and "| Eagle-1 (lossless, EAGLE-3 drafter) |" in table
+    assert "| AR (no drafting) |" in table and "Eagle-1 drafter" not in table
+
+
+def test_the_drafter_is_checked_and_kept_as_the_request_crosses_a_process(both):
+    """By name or display name; a Jacobi window keeps none (no drafter drafts), AR's request keeps it (the
+    Eagle-1 image beside it drafts); a pickled request (ZeroGPU's worker) keeps it and is rebuilt with it."""
+    import pickle
+
+    def drafter(bundle, **changes):
+        return session.parse_controls(bundle, controls(**changes)).drafter
+
+    assert drafter(both, model=TWO_DRAFTERS, drafter="EAGLE-3") == "eagle3"
+    assert drafter(both, model=TWO_DRAFTERS, drafter="Eagle-1") == "eagle1"
+    assert drafter(both, model=TWO_DRAFTERS, drafter="eagle3", method="AR (no drafting)") == "eagle3"
+    assert drafter(both, model=TWO_DRAFTERS, drafter="eagle3", draft="jacobi:16:coupled") == ""
+    assert drafter(STATE.bundle) == "eagle1"
+    request = session.parse_controls(both, controls(model=TWO_DRAFTERS, drafter="eagle3", draft="tree:eagle25"))
+    crossed = pickle.loads(pickle.dumps(request))
+    assert crossed.rule is None and crossed.drafter == "eagle3"
+    assert session.rebuilt(both, crossed).tree.name == "tree:eagle25"
+    assert session.drafting(both, crossed).drafter is both.drafters["eagle3"]
+
+
+def test_the_eagle_cache_never_serves_one_drafters_run_for_another(both, monkeypatch):
+    """The same setting with each drafter: two entries, each the library's run with that drafter; a Jacobi window
+    (no drafter) is one entry whichever drafter the hidden control holds."""
+    monkeypatch.setattr(session, "EAGLE_CACHE", session.ResultCache())
+    runs = {}
+    for drafter in ("eagle1", "eagle3"):
+        request = session.parse_controls(both, controls(model=TWO_DRAFTERS, method="Eagle-1 (lossless)",
+                                                        drafter=drafter, seed=6))
+        assert not session.eagle_reused(both, request)
+        runs[drafter] = session.compare(both, request).eagle
+        assert session.eagle_reused(both, request)
+        assert runs[drafter].tokens == expected_runs(both, request, drafter)[1].tokens
+    assert len(session.EAGLE_CACHE.items) == 2
+    assert runs["eagle1"].stats.accepted_per_round != runs["eagle3"].stats.accepted_per_round
+    windows = [session.parse_controls(both, controls(model=TWO_DRAFTERS, drafter=drafter, draft="jacobi:8"))
+               for drafter in ("eagle1", "eagle3")]
+    assert session.eagle_key(both, windows[0]) == session.eagle_key(both, windows[1])
+
+
+def test_the_timing_and_the_race_say_which_drafter_ran(both, eagle3_generated):
+    """The timing run drafts with the request's drafter (its runs are the images' tokens); the table's drafting
+    rows and the race's drafting lanes name it, AR's row and lane do not."""
+    result = eagle3_generated[5]
+    timing = session.measure_speed(both, result.request, repeats=1)
+    assert timing.runs["method"].tokens == result.method.tokens and timing.runs["eagle"].tokens == result.eagle.tokens
+    timed = dataclasses.replace(result, timing=timing)
+    table = views.timing_table(timed)
+    assert "| COOL-SD (EAGLE-3 drafter) |" in table and "| AR (no drafting) |" in table
+    lanes = views.race_lanes(timed)
+    assert {lane.name: lane.title for lane in lanes} == {"AR": "AR", "Eagle-1": "Eagle-1 (EAGLE-3 drafter)",
+                                                        "COOL-SD": "COOL-SD (EAGLE-3 drafter)"}
+    text = frames.race_table(lanes, 0.0, frames.slowdown(lanes))
+    assert "Drafter: EAGLE-3 (Eagle-1, COOL-SD); AR drafts nothing." in text
+
+
+def test_a_bad_or_missing_drafter_is_one_readable_line(both, one):
+    """An unknown drafter, or one the model does not carry, through the API and the page: one line, no
+    traceback; the API takes the drafter by display name too, and answers which drafter each image used."""
+    cases = [({"drafter": "medusa"}, "drafter must be one of: eagle1 (Eagle-1), eagle3 (EAGLE-3); got 'medusa'"),
+             ({"drafter": "eagle3", "model": ONE_DRAFTER},
+              f"{one.name} has no EAGLE-3 drafter (eagle3); it has: eagle1 (Eagle-1)"),
+             ({"drafter": ["eagle3"]}, "drafter must be one of")]
+    for values, needle in cases:
+        for call in (lambda: api.generate(seed=5, **values),
+                     lambda: generation.on_check(*controls(**values))):
+            with pytest.raises(gr.Error) as error:
+                call()
+            message = error.value.message
+            assert needle in message and "\n" not in message and "Traceback" not in message
+    with pytest.raises(gr.Error, match="has no EAGLE-3 drafter"):
+        api.generate_batch(drafter="EAGLE-3", seeds=[5], model=ONE_DRAFTER)
+    answer = api.generate(model=TWO_DRAFTERS, drafter="EAGLE-3", seed=5)
+    method, eagle = expected_runs(both, session.parse_controls(both, controls(model=TWO_DRAFTERS, seed=5)), "eagle3")
+    assert answer["method"]["tokens"] == method.tokens and answer["eagle"]["tokens"] == eagle.tokens
+    assert answer["method"]["stats"]["drafter"] == "eagle3" and answer["eagle"]["stats"]["drafter"] == "eagle3"
+    ar = api.generate(method="AR (no drafting)", seed=5)
+    assert ar["method"]["stats"]["drafter"] is None and ar["eagle"]["stats"]["drafter"] == "eagle1"

@@ -318,8 +318,8 @@ def test_a_generation_is_not_delayed_by_slow_model_loads(broken_dir, monkeypatch
         server = type("Server", (), {"url": f"http://127.0.0.1:{port}/"})
         fn = {d["api_name"]: d["id"] for d in demo.config["dependencies"]}
         with ThreadPoolExecutor(max_workers=2) as pool:
-            loads = [pool.submit(ui_call, server, f"loader{i}", fn["on_model"], [str(broken_dir), None, False, None])
-                     for i in range(2)]
+            loads = [pool.submit(ui_call, server, f"loader{i}", fn["on_model"],
+                                 [str(broken_dir), None, False, None, None]) for i in range(2)]
             time.sleep(1.0)  # both loads are under way
             started = time.perf_counter()
             answer = api_call(server, "generate", GOOD)
@@ -339,7 +339,7 @@ NO_DRAFTER = "no-drafter"
 @pytest.fixture
 def no_drafter():
     """A tiny class model (16 tokens per image) without a draft model, chosen in the selector."""
-    bundle = replace(random_bundle("tiny"), drafter=None, name=NO_DRAFTER)
+    bundle = replace(random_bundle("tiny"), drafter=None, drafters={}, name=NO_DRAFTER)
     STATE.models.loaded[NO_DRAFTER] = bundle
     yield bundle
     del STATE.models.loaded[NO_DRAFTER]
@@ -437,3 +437,23 @@ def test_presets_are_off_on_a_shared_space_unless_the_deployment_turns_them_on(m
     monkeypatch.delenv("SPACE_ID")
     monkeypatch.setenv(models.PRESETS_ENV, "off")
     assert listed() == []
+
+
+def test_a_model_without_a_draft_model_has_no_drafter_to_choose(no_drafter):
+    """Its drafter selector offers nothing and hides; its requests name no drafter (a Jacobi window drafts with
+    none), whether the control is empty or still holds the default; a drafter it lacks is one readable line."""
+    assert inputs.defaults(no_drafter)["drafter"] is None
+    update = dict(zip(settings.MODEL_OUTPUTS, settings.on_model(NO_DRAFTER, models.DEFAULT, False, "chain:5", "eagle1",
+                                                                progress=no_progress)))["drafter"]
+    assert update["choices"] == [] and update["value"] is None and update["visible"] is False
+    name = no_drafter.class_names[0]
+    for drafter in (None, "eagle1"):
+        request = session.parse_controls(no_drafter, controls(model=NO_DRAFTER, draft="jacobi:8:coupled",
+                                                              class_name=name, drafter=drafter))
+        assert request.drafter == ""
+    answer = api.generate(model=NO_DRAFTER, class_name=name, seed=1)
+    assert answer["method"]["stats"]["drafter"] is None and answer["eagle"]["stats"]["drafter"] is None
+    with pytest.raises(gr.Error) as error:
+        api.generate(model=NO_DRAFTER, class_name=name, drafter="EAGLE-3")
+    assert "no-drafter has no EAGLE-3 drafter (eagle3); it has: none" in error.value.message
+    assert "\n" not in error.value.message

@@ -216,12 +216,15 @@ def test_browser_generate_then_invalid_input(server, browser, tmp_path):
 
 def test_browser_generates_on_a_jacobi_window(server, browser):
     """COOL-SD on jacobi:16:coupled: the line under the selector says what the window is, and both images come,
-    each labelled with the window (the right one is Eagle-1 on it: SCD)."""
+    each labelled with the window (the right one is Eagle-1 on it: SCD). The Drafter choice stays hidden: the
+    shipped model has one drafter, and a window needs none."""
     page = open_page(browser, server.url)
+    expect(page.locator("#drafter")).to_be_hidden()
     page.get_by_label("Draft structure").click()
     page.get_by_role("option", name="jacobi:16:coupled").click()
     expect(page.locator("#draft-note")).to_contain_text("Jacobi window, no draft model", timeout=20000)
     expect(page.locator("#draft-note")).to_contain_text("Eagle-1 here is SCD")
+    expect(page.locator("#drafter")).to_be_hidden()
     generate_and_wait(page, timings=False)
     expect(page.locator("#caption")).to_contain_text("Left: COOL-SD (jacobi:16:coupled)")
     expect(page.locator("#caption")).to_contain_text("Right: Eagle-1 (lossless, jacobi:16:coupled)")
@@ -418,6 +421,7 @@ def test_server_memory_levels_off_over_ui_generations(server):
         session = sessions[n % len(sessions)]
         values = {"method": methods[n % 4], "delta": 2.0, "nu": 0.7, "mu_auto": True, "mu": 0.0, "schedule": "exp",
                   "k": 10, "lambda": 5.0, "ranks": 7, "gap": 0.15, "dist": 0.5, "draft": drafts[n // 4 % 4],
+                  "drafter": "eagle1",
                   "class_name": "Trouser", "seed": n,
                   "cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "model": "default", "prompt": ""}
         ui_call(server, session, fn["on_generate"], [values[name] for name in value_names()])
@@ -518,7 +522,7 @@ def test_browser_timing_belongs_to_the_request_it_was_measured_for(server, brows
     expect(page.locator("#caption")).to_contain_text("seed 32", timeout=60000)
     expect(page.locator("#timings")).to_contain_text("interleaved repeats", timeout=120000)  # a timing is shown
     table = page.locator("#timings").inner_text()
-    assert "COOL-SD" not in table and "Eagle-1 (lossless)" in table and "timing follows" not in table, table
+    assert "COOL-SD" not in table and "Eagle-1 (lossless" in table and "timing follows" not in table, table
     lines = wait_for_log(server, before, "coolsd.app INFO timing ", 2)  # COOL-SD's (dropped), then Eagle-1's
     assert any("timing COOL-SD seed=31" in line and "dropped" in line for line in lines), lines
     assert page.locator("#timings").inner_text() == table  # every timing has finished: still Eagle-1's

@@ -228,6 +228,75 @@ def test_the_trained_drafter_is_written_in_lantern_format_loads_back_and_drafts(
     assert result.stats.drafter_forwards > 0 and len(result.tokens) == 21
 
 
+@pytest.fixture(scope="module")
+def with_eagle3(tiny, tmp_path_factory):
+    """The tiny Lumina-mGPT directory with an EAGLE-3 drafter trained by the command line beside LANTERN's."""
+    from coolsd.distill import command
+    folder = tmp_path_factory.mktemp("chameleon-eagle3")
+    prompts = folder / "prompts.txt"
+    prompts.write_text("a photo of a red fox\na bowl of ramen in snow\na lighthouse\n")
+    out = folder / "out"
+    assert command.main(["--model", str(tiny), "--kind", "eagle3", "--ttt-steps", "3", "--out", str(out),
+                         "--images", "4", "--epochs", "1", "--batch", "2", "--gen-batch", "2", "--eval-images", "1",
+                         "--prompts", str(prompts), "--no-progress", "--device", "cpu"]) == 0
+    return load_bundle(out, device="cpu")
+
+
+def test_an_eagle3_drafter_for_lumina_loads_beside_lantern_s_and_keeps_greedy_ar_tokens(with_eagle3):
+    from coolsd.models.chameleon_drafter import ChameleonEagle3Drafter
+    assert list(with_eagle3.drafters) == ["eagle1", "eagle3"]
+    three = with_eagle3.drafters["eagle3"]
+    assert isinstance(three, ChameleonEagle3Drafter) and three.target_layers == (0, 1)
+    assert torch.equal(three.embed_tokens.weight, with_eagle3.target.model.embed_tokens.weight)  # frozen copy
+    sampling = SamplingConfig(cfg_scale=3.0, top_k=1)
+    for text in ("a red fox", "a bowl of ramen"):
+        prompt = with_eagle3.text_encoder([text])[0]
+        ar = decode(with_eagle3.target, None, prompt, Eagle(), EMPTY, sampling, 0).tokens
+        for draft in ("chain:5", "tree:eagle25"):
+            got = decode(with_eagle3.target, three, prompt, Eagle(), parse_draft(draft), sampling, 0)
+            assert got.tokens == ar and got.stats.drafter_forwards > 0
+        check_layout(ar, 4)
+
+
+def test_an_eagle3_batch_of_padded_prompts_gives_each_its_alone_tokens(with_eagle3):
+    """Prompts padded by different amounts: the taps are zero at padding, the head shifts each row's RoPE by
+    its own padding, and each image of a batch gets its alone tokens."""
+    prompts = with_eagle3.text_encoder(["a red fox", "a photo of a bowl of ramen in the snow", "a lighthouse"])
+    sampling, tree, seeds = SamplingConfig(cfg_scale=3.0, top_k=2000), parse_draft("tree:eagle25"), [5, 6, 7]
+    three = with_eagle3.drafters["eagle3"]
+    batch = decode_batch(with_eagle3.target, three, prompts, Eagle(), tree, sampling, seeds)
+    for prompt, seed, got in zip(prompts, seeds, batch):
+        assert got.tokens == decode(with_eagle3.target, three, prompt, Eagle(), tree, sampling, seed).tokens
+        check_layout(got.tokens, 4)
+
+
+def test_the_chameleon_eagle3_training_test_is_what_its_chain_drafting_computes(with_eagle3):
+    """The training-time test over a padded prompt (zero taps at the padding) against the head run as decoding
+    runs it, with its KV cache: the committed slots, then one node per step."""
+    from coolsd.distill.objective import ttt_features
+    three, target = with_eagle3.drafters["eagle3"], with_eagle3.target
+    prefix = target.prefix(with_eagle3.text_encoder(["a red fox"])[0], 2)
+    tokens = torch.tensor([5, 6, 8803, 7, 4, 8803])
+    inputs = torch.cat([prefix.embeds, target.embed(tokens)[None].expand(2, -1, -1)], 1)
+    valid = torch.cat([prefix.valid, torch.ones(2, len(tokens), dtype=torch.bool)], 1)
+    _, taps = target(inputs, torch.arange(inputs.shape[1]), valid=valid, taps=three.target_layers)
+    slots, steps, first = inputs.shape[1] - 1, 3, prefix.length - 1
+    nexts = three.embed(torch.cat([target.prefix_tokens(with_eagle3.text_encoder(["a red fox"])[0], 2)[0][:, 1:],
+                                   tokens[None].expand(2, -1)], 1))
+    with torch.no_grad():
+        trained = ttt_features(three, nexts, taps[:, :slots], steps)
+        for slot in range(first, slots - steps + 1):
+            cache = three.new_cache(2, slot + steps + 1)
+            mask = torch.ones(slot + 1, slot + 1, dtype=torch.bool).tril()
+            hidden = three(nexts[:, :slot + 1], taps[:, :slot + 1], torch.arange(slot + 1), cache, 0, mask)[:, -1:]
+            cache.commit(None, slot + 1)
+            torch.testing.assert_close(trained[0][:, slot:slot + 1], hidden, rtol=1e-4, atol=1e-4)
+            for depth in range(1, steps):
+                position = slot + depth
+                hidden = three(nexts[:, position:position + 1], hidden, torch.tensor([position]), cache, depth - 1)
+                torch.testing.assert_close(trained[depth][:, slot:slot + 1], hidden, rtol=1e-4, atol=1e-4)
+
+
 # --- the app ---------------------------------------------------------------------------------------------------
 
 def test_the_app_generates_with_a_chameleon_directory_in_its_model_list(tiny, monkeypatch):

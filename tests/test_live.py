@@ -137,3 +137,19 @@ def test_the_race_clock_slows_every_lane_by_one_factor():
     assert frames.race_verdict([slow, fast]).startswith("**COOL-SD finished first** (100.0 ms; AR 4.00x its time)")
     picture = frames.race_frame([fast, slow], (2, 2), 0.2)
     assert picture.size == (2 * 4 + frames.GAP, 4 + frames.TITLE + 8)
+
+
+def test_a_race_names_each_drafting_lanes_drafter_and_none_for_ar():
+    """A lane's title (above its picture) names the drafter it drafted with, and the table's note says which lanes
+    drafted with which drafter and that AR drafts nothing; a race without a drafter (a Jacobi window) says none."""
+    from dataclasses import replace
+    ar = lane("AR", [0.01, 0.2], 0.4, 0.4, [1, 1])
+    eagle = replace(lane("Eagle-1", [0.01, 0.1], 0.2, 0.2, [1, 3]), drafter="EAGLE-3")
+    cool = replace(lane("COOL-SD", [0.01, 0.05], 0.1, 0.1, [1, 5]), drafter="EAGLE-3")
+    assert [x.title for x in (ar, eagle, cool)] == ["AR", "Eagle-1 (EAGLE-3 drafter)", "COOL-SD (EAGLE-3 drafter)"]
+    table = frames.race_table([ar, eagle, cool], 0.4, frames.slowdown([ar, eagle, cool]))
+    assert table.endswith("Drafter: EAGLE-3 (Eagle-1, COOL-SD); AR drafts nothing.</small>")
+    assert "| AR | 2 / 2 | 2 | finished at 400.0 ms |" in table  # the rows keep the runs' names
+    window = [ar, replace(eagle, drafter=""), replace(cool, drafter="")]
+    assert "Drafter" not in frames.race_table(window, 0.4, frames.slowdown(window))
+    assert frames.race_verdict([ar, eagle, cool]).startswith("**COOL-SD finished first**")

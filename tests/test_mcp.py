@@ -23,6 +23,7 @@ from PIL import Image
 from coolsd.app.web.server import MCP_ENV, mcp_wanted
 from coolsd.app.web.tools import STATISTICS
 from coolsd.core.rules import schema
+from coolsd.models.bundle import DEFAULT_MODEL, EAGLE3_FILE
 
 PUBLIC = {"generate", "generate_batch"}
 REQUEST = {"method": "COOL-SD", "seed": 3, "draft": "chain:3"}
@@ -120,7 +121,8 @@ def test_generate_answers_both_pictures_and_their_statistics(app, expected):
         assert stats["tau"] == pytest.approx(stats["tokens"] / stats["target_forwards"])
         for name in ("tau", "accepted_per_round", "per_depth", "draft", "seed"):
             assert stats[name] == expected[run]["stats"][name], name
-        assert line.startswith(label) and "draft chain:3" in line and "seed 3" in line, line
+        assert line.startswith(label) and "draft chain:3 (Eagle-1 drafter)" in line and "seed 3" in line, line
+        assert stats["drafter"] == "eagle1"
         assert f"tau {stats['tau']:.2f}" in line and "acceptance rate by draft depth" in line, line
     assert measured["timing"] is None and "tokens_detail" not in measured["method"]
 
@@ -150,6 +152,26 @@ def test_a_bad_value_or_a_page_handler_is_one_readable_line(app):
     added = log.read_text().splitlines()[before:]
     assert not any("Traceback" in line for line in added), added
     assert sum("rejected request" in line for line in added) == 1, added
+
+
+def test_the_drafter_is_a_tool_value_and_a_bad_one_is_one_readable_line(app):
+    """The tools take the drafter, said in words. A drafter that does not exist is one line naming those that do;
+    EAGLE-3 on the shipped model is one line naming its drafters while it ships none, else its images' lines say
+    they drafted with it."""
+    url, _ = app
+    tools = {tool.name: tool for tool in in_session(url, lambda session: session.list_tools()).tools}
+    for tool in tools.values():
+        assert "EAGLE-3" in tool.inputSchema["properties"]["drafter"]["description"]
+    bad = call(url, "generate", {**REQUEST, "drafter": "medusa"})
+    assert bad.isError and len(bad.content) == 1, bad.content
+    assert "drafter must be one of: eagle1 (Eagle-1), eagle3 (EAGLE-3)" in bad.content[0].text, bad.content
+    assert "\n" not in bad.content[0].text and "Traceback" not in bad.content[0].text
+    eagle3 = call(url, "generate", {**REQUEST, "drafter": "EAGLE-3"})
+    if (DEFAULT_MODEL / EAGLE3_FILE).exists():
+        assert not eagle3.isError and "draft chain:3 (EAGLE-3 drafter)" in eagle3.content[0].text, eagle3.content
+    else:
+        assert eagle3.isError and len(eagle3.content) == 1, eagle3.content
+        assert "has no EAGLE-3 drafter (eagle3); it has: eagle1 (Eagle-1)" in eagle3.content[0].text
 
 
 def test_the_guard_still_refuses_a_page_handler_by_name(app):

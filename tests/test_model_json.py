@@ -28,9 +28,14 @@ VQ_ARGS = {"codebook_size": 16, "codebook_embed_dim": 8, "decoder_ch_mult": [1, 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("tiny_llamagen"))
+
+
+def write_model_dir(root: Path) -> Path:
+    """A tiny text-to-image model.json directory in LlamaGen's formats, with LANTERN's drafter and a T5."""
     from transformers import T5Config, T5EncoderModel
 
-    root = tmp_path_factory.mktemp("tiny_llamagen")
+    root.mkdir(parents=True, exist_ok=True)
     torch.save({"model": random_model(GPT_ARGS).state_dict()}, root / "t2i_tiny.pt")
     torch.save({"model": tiny_model(codebook_size=16).state_dict()}, root / "vq_tiny.pt")
     write_lantern_dir(root / "drafter", random_weights())

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+
 import pytest
 import torch
 from helpers import chi_square_pvalue, plant_host_read
@@ -33,6 +34,7 @@ from coolsd.core.graphs import EAGER, CheckedPhases, CompiledPhases, EagerPhases
 from coolsd.core.rules import AR, CoolSD, Eagle, build_rule
 from coolsd.core.trees import DraftTree, parse_draft
 from coolsd.models.bundle import load_bundle, random_bundle
+from coolsd.models.eagle import Eagle3Drafter
 from coolsd.models.gpt import KVCache
 from coolsd.models.steps import StaticKVCache, Steps, unwrapped, with_steps
 
@@ -265,7 +267,8 @@ class GraphCount:
 
 SMALL_TREE = DraftTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)), "tree:small")
 COMPILED_CASES = [("ar", "chain:3", 1), ("eagle", "chain:3", 1), ("cool", SMALL_TREE, 1),
-                  ("eagle", "jacobi:4:coupled", 1), ("eagle", "jacobi:4:gumbel", 1), ("uniform", "chain:3", 2)]
+                  ("eagle", "jacobi:4:coupled", 1), ("eagle", "jacobi:4:gumbel", 1), ("uniform", "chain:3", 2),
+                  ("eagle3", "chain:3", 1), ("eagle3-cool", SMALL_TREE, 2)]
 
 
 @pytest.mark.parametrize("method, draft, batch", COMPILED_CASES)
@@ -276,6 +279,9 @@ def test_compiled_phases_are_one_region_each_and_give_eager_tokens(method, draft
     the tracing alone; inductor's arithmetic is checked below."""
     torch.set_num_threads(1)
     model = random_bundle("tiny", device="cpu")
+    if method.startswith("eagle3"):  # an EAGLE-3 head: the verification's target forward also returns its taps
+        method = method.removeprefix("eagle3").removeprefix("-") or "eagle"
+        model = replace(model, drafter=Eagle3Drafter(model.config).share_embedding(model.target).eval())
     counted = GraphCount()
     target, drafter = with_steps(model.target, model.drafter, "static")
     runner = CompiledPhases(backend=counted)
@@ -372,6 +378,8 @@ def test_default_steps_are_the_measured_fastest_per_device(monkeypatch, tmp_path
     assert steps_module.cpp_compiler() is None
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert steps_module.keep_compilations() == tmp_path / ".cache" / "coolsd" / "torchinductor"
+    digest = steps_module.source_digest()
+    assert steps_module.keep_compilations() == tmp_path / ".cache" / "coolsd" / "torchinductor" / digest
+    assert len(digest) == 12 and int(digest, 16) >= 0
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert steps_module.keep_compilations() == tmp_path / "mine"

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core.params import Choice, Param, show_number
 from ..core.rules import RULES
-from ..models.bundle import Bundle
+from ..models.bundle import DRAFTER_NAMES, Bundle
 from ..models.registry import EXAMPLE_PROMPTS
 from . import models, session
 
@@ -46,8 +46,8 @@ def defaults(bundle: Bundle) -> dict[str, Any]:
     values: dict[str, Any] = {"method": DEFAULT_METHOD}
     for control in session.method_controls():
         values.update(control_defaults(control))
-    return {**values, "draft": session.default_draft(bundle), "seed": 0, **model_defaults(bundle),
-            "model": models.DEFAULT, "prompt": EXAMPLE_PROMPTS[0]}
+    return {**values, "draft": session.default_draft(bundle), "drafter": session.default_drafter(bundle), "seed": 0,
+            **model_defaults(bundle), "model": models.DEFAULT, "prompt": EXAMPLE_PROMPTS[0]}
 
 
 def layout_items() -> list[tuple[str, frozenset[str]]]:
@@ -76,6 +76,28 @@ def method_boxes() -> list[tuple[frozenset[str], list[str]]]:
 def drafting_labels() -> set[str]:
     """The method entries that draft (all but AR): only they show the draft structure."""
     return {label for label, (name, _) in session.method_entries().items() if RULES[name].drafts}
+
+
+def drafter_choices(bundle: Bundle) -> list[tuple[str, str]]:
+    """The drafter selector's choices for ``bundle``: (display name, name) of each drafter it carries."""
+    return [(DRAFTER_NAMES.get(name, name), name) for name in bundle.drafters]
+
+
+def shows_drafter(bundle: Bundle, draft) -> bool:
+    """Whether the drafter selector shows: only where there is a choice (the model carries two drafters or more)
+    that matters (the draft is a chain or tree; a Jacobi window needs no drafter, and AR hides the whole box)."""
+    if len(bundle.drafters) < 2:
+        return False
+    try:
+        return session.model_draft(bundle, session.choice("draft structure", draft, session.DRAFTS)).needs_drafter
+    except ValueError:
+        return False
+
+
+def suited_drafter(bundle: Bundle, drafter) -> str | None:
+    """``drafter`` where ``bundle`` carries it (a model switch keeps the user's choice where it can), else the
+    model's :func:`session.default_drafter`."""
+    return drafter if isinstance(drafter, str) and drafter in bundle.drafters else session.default_drafter(bundle)
 
 
 def word_label(param: Param, word: str) -> str:

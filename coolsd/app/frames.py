@@ -72,12 +72,19 @@ class Lane:
     """One run of a race: its name, its final image (display size), the statistics of one timed run (its
     rounds, and the measured end of each) and the latency it finishes at (the timing table's median; the run's
     round ends are scaled by median / its own latency, 1 for the median run of an odd number of repeats).
-    After the last round come the read-back and the bookkeeping: the lane finishes at its latency."""
+    After the last round come the read-back and the bookkeeping: the lane finishes at its latency. ``drafter``:
+    the drafter its chain or tree drafted with, as the page says it (empty for AR, or a Jacobi window)."""
 
     name: str
     pixels: np.ndarray
     stats: GenerationStats
     finish: float
+    drafter: str = ""
+
+    @property
+    def title(self) -> str:
+        """The name above the lane's picture, with its drafter: ``COOL-SD (EAGLE-3 drafter)``."""
+        return f"{self.name} ({self.drafter} drafter)" if self.drafter else self.name
 
     @property
     def ends(self) -> np.ndarray:
@@ -119,15 +126,29 @@ def race_frame(lanes: list[Lane], grid: tuple[int, int], clock: float) -> Image.
     for k, (lane, picture) in enumerate(zip(lanes, pictures)):
         left = k * (width + GAP)
         canvas.paste(Image.fromarray(picture), (left, TITLE))
-        draw.text((left + 2, 4), lane.name, fill="black", font=font)
+        draw.text((left + 2, 4), lane.title, fill="black", font=font)
         if clock >= lane.finish:
             draw.rectangle((left, TITLE + height + 2, left + width - 1, TITLE + height + 7), fill=ACCEPTED_COLOR)
     return canvas
 
 
+def drafter_note(lanes: list[Lane]) -> str:
+    """Which drafter each drafting lane drafted with, in one sentence (empty where none did): ``Drafter:
+    EAGLE-3 (COOL-SD, Eagle-1); AR drafts nothing.``"""
+    drafters: dict[str, list[str]] = {}
+    for lane in lanes:
+        if lane.drafter:
+            drafters.setdefault(lane.drafter, []).append(lane.name)
+    if not drafters:
+        return ""
+    said = "; ".join(f"{drafter} ({', '.join(names)})" for drafter, names in drafters.items())
+    idle = [lane.name for lane in lanes if not lane.drafter]
+    return f" Drafter: {said}" + (f"; {', '.join(idle)} drafts nothing." if idle else ".")
+
+
 def race_table(lanes: list[Lane], clock: float, factor: float, steps: str = "eager") -> str:
     """Markdown: per lane its tokens, target forwards and state at model time ``clock``, and the slow-down (every
-    lane ran with the same ``steps``, AR included)."""
+    lane ran with the same ``steps``, AR included) and the drafter of the lanes that drafted."""
     rows = ["| run | tokens | target forwards | time |", "|---|---|---|---|"]
     for lane in lanes:
         rounds = lane.done(clock)
@@ -137,7 +158,7 @@ def race_table(lanes: list[Lane], clock: float, factor: float, steps: str = "eag
     return "\n".join(rows) + (f"\n\n<small>Replayed {factor:.0f}x slower than measured: each run finishes at its "
                               "median latency in the timing table, and its rounds end at the times measured in its "
                               f"timed run of median latency. Every run, AR included, ran with {steps} steps."
-                              "</small>")
+                              f"{drafter_note(lanes)}</small>")
 
 
 def race_verdict(lanes: list[Lane]) -> str:

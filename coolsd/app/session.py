@@ -25,7 +25,7 @@ from ..core.sampling import SamplingConfig
 from ..core.stats import speedup_over_ar
 from ..core.trees import TREES, DraftTree, chain, parse_draft, usable_depth
 from ..core.trees import default_draft as model_default_draft
-from ..models.bundle import Bundle, device_name
+from ..models.bundle import DRAFTER_NAMES, Bundle, device_name
 from ..models.steps import default_mode
 
 # Chains and trees of the draft model, then Jacobi windows, which the target drafts for itself (no draft model):
@@ -33,7 +33,9 @@ from ..models.steps import default_mode
 JACOBI_DRAFTS = ["jacobi:8", "jacobi:8:coupled", "jacobi:16", "jacobi:16:coupled", "jacobi:16:gumbel",
                  "jacobi:32:coupled"]
 DRAFTS = [f"chain:{n}" for n in range(1, 9)] + [f"tree:{name}" for name in TREES] + JACOBI_DRAFTS
-COMMON = ("draft", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")  # after the method's values
+# after the method's values (the drafter: which of the model's drafters a chain or tree drafts with)
+COMMON = ("draft", "drafter", "class_name", "seed", "cfg_scale", "temperature", "top_k", "top_p")
+DEFAULT_DRAFTER = "eagle1"  # the API's documented drafter, and the page's first choice where the model has it
 CONDITION = ("model", "prompt")  # last: the chosen model (a key of coolsd.app.models) and a text model's prompt
 
 
@@ -135,7 +137,7 @@ def parse_controls(bundle: Bundle, values: Sequence) -> Request:
         raise ValueError(f"expected {len(names)} control values ({', '.join(names)}), got {len(values)}")
     named = dict(zip(names, values))
     label = choice("method", named["method"], method_entries())
-    return parse_request(bundle, label, raw_params(named, label, controls), *(named[name] for name in COMMON),
+    return parse_request(bundle, label, raw_params(named, label, controls), **{name: named[name] for name in COMMON},
                          prompt=named["prompt"], model=named["model"])
 
 
@@ -154,6 +156,7 @@ class Request:
     tree: DraftTree = field(compare=False)
     model: str = ""  # the model's key in the app's selector ("" or "default": the shipped model)
     prompt: str = ""  # a text model's prompt ("" for a class model)
+    drafter: str = ""  # the drafter a chain or tree drafts with (a key of Bundle.drafters); "" for a Jacobi window
 
     @property
     def param_dict(self) -> dict:
@@ -178,7 +181,8 @@ def unpickled_request(values: dict) -> Request:
 
 def rebuilt(bundle: Bundle, request: Request) -> Request:
     """``request`` with its rule and draft tree, built for ``bundle`` as :func:`parse_request` builds them, when it
-    crossed a process without them (:meth:`Request.__reduce__`)."""
+    crossed a process without them (:meth:`Request.__reduce__`); its drafter crossed with it, a name, which
+    :func:`drafting` applies where the runs are made."""
     if request.rule is not None and request.tree is not None:
         return request
     tree = model_draft(bundle, request.draft)
@@ -237,6 +241,43 @@ def model_draft(bundle: Bundle, draft: str) -> DraftTree:
     return tree
 
 
+def drafter_key(value) -> str | None:
+    """A drafter as the API or a control names it, by name or display name (``eagle3``, ``EAGLE-3``), as its
+    name; None for none named (the model's own); a one-line ValueError for any other value."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        for name, shown in DRAFTER_NAMES.items():
+            if value.strip().lower() in (name, shown.lower()):
+                return name
+    said = ", ".join(f"{name} ({shown})" for name, shown in DRAFTER_NAMES.items())
+    raise ValueError(f"drafter must be one of: {said}; got {shorten(value)}")
+
+
+def default_drafter(bundle: Bundle) -> str | None:
+    """A model's starting drafter: Eagle-1 where it carries one, else its own (None: it has no draft model)."""
+    return DEFAULT_DRAFTER if DEFAULT_DRAFTER in bundle.drafters else bundle.drafter_name
+
+
+def model_drafter(bundle: Bundle, drafter, tree: DraftTree) -> str:
+    """The drafter ``tree`` drafts with on ``bundle`` (none named: the model's own): its name, or "" where no
+    drafter drafts (a Jacobi window). A drafter the model does not carry is one readable line, whatever the draft:
+    the user asked for something this model cannot do; but the default one passes on a model without any, where
+    nothing drafts (:func:`model_draft` refuses its chains and trees), as a control left at its default sends it."""
+    name = drafter_key(drafter)
+    if name is not None and name not in bundle.drafters and (bundle.drafters or name != DEFAULT_DRAFTER):
+        have = ", ".join(f"{key} ({DRAFTER_NAMES.get(key, key)})" for key in bundle.drafters) or "none"
+        raise ValueError(f"{bundle.name} has no {DRAFTER_NAMES[name]} drafter ({name}); it has: {have}")
+    name = name or bundle.drafter_name
+    return name if tree.needs_drafter and name is not None else ""
+
+
+def drafting(bundle: Bundle, request: Request) -> Bundle:
+    """The model as ``request``'s runs use it: drafting with the request's drafter (both images of a comparison
+    and every timed run draft with it); the model's own where the request names none."""
+    return bundle.with_drafter(request.drafter or None)
+
+
 def suits(bundle: Bundle, draft: str) -> bool:
     """Whether ``draft`` runs on ``bundle`` (see :func:`model_draft`)."""
     try:
@@ -258,11 +299,12 @@ def suited_draft(bundle: Bundle, draft) -> str:
 
 
 def parse_request(bundle: Bundle, method: str, params: Mapping, draft: str, class_name: str, seed, cfg_scale,
-                  temperature, top_k, top_p, prompt="", model: str = "") -> Request:
+                  temperature, top_k, top_p, prompt="", model: str = "", drafter=None) -> Request:
     """Validate raw UI/API values (any type may arrive) into a :class:`Request`: ``method`` is an entry's UI
     label, ``params`` its parameters by name (ranges from the rule registry and ``coolsd.core.params``). A text
     model takes ``prompt`` and ignores ``class_name``; a class model ignores ``prompt``. ``model``: the bundle's
-    key in the app's selector, kept in the request (and the cache keys)."""
+    key in the app's selector, kept in the request (and the cache keys). ``drafter``: one of the model's drafters,
+    by name or display name (None: its own, Eagle-1 where it has it), kept where a chain or tree drafts with it."""
     entries = method_entries()
     name, fixed = entries[choice("method", method, entries)]
     choice("draft structure", draft, DRAFTS)
@@ -276,9 +318,10 @@ def parse_request(bundle: Bundle, method: str, params: Mapping, draft: str, clas
     sampling = SamplingConfig(cfg_scale=check("cfg_scale", cfg_scale), temperature=check("temperature", temperature),
                               top_k=check("top_k", top_k, high=bundle.config.vocab_size), top_p=check("top_p", top_p))
     tree = model_draft(bundle, draft)  # the Eagle-1 image beside the method drafts with it too, even beside AR
+    drafter = model_drafter(bundle, drafter, tree)  # and with the same drafter
     rule = build_rule(name, checked, tree.depth, bundle)  # refuses e.g. a too steep linear nu
     return Request(method, name, tuple(sorted(checked.items())), draft, class_id, check("seed", seed), sampling, rule,
-                   tree, model if isinstance(model, str) else "", prompt)
+                   tree, model if isinstance(model, str) else "", prompt, drafter)
 
 
 class ResultCache:
@@ -407,9 +450,11 @@ LIVE_INTERVAL = 0.1  # seconds: at most ten pictures a second of a run in progre
 
 
 def eagle_key(bundle: Bundle, request: Request) -> tuple:
-    """What Eagle-1's run depends on: the same key, the same tokens (every run has its own seeded generators)."""
-    return (request.model, bundle.name, request.draft, request.class_id, request.prompt, request.seed,
-            request.sampling)
+    """What Eagle-1's run depends on: the same key, the same tokens (every run has its own seeded generators).
+    The drafter is the one that drafts (the model's own where the request names none): an EAGLE-3 run is never
+    an Eagle-1 drafter's."""
+    return (request.model, bundle.name, request.draft, request.drafter or bundle.drafter_name, request.class_id,
+            request.prompt, request.seed, request.sampling)
 
 
 def eagle_reused(bundle: Bundle, request: Request) -> bool:
@@ -422,8 +467,9 @@ def compare(bundle: Bundle, request: Request, progress=None, live: Live | None =
     """Run the chosen method and (cached per setting) lossless Eagle-1 for one request, at once where
     :func:`side_by_side` allows (the same tokens either way: every run has its own seeded generators); no
     timing yet (that is :func:`measure_speed`, one run at a time). ``live`` is shown each run's image so far,
-    at most every :data:`LIVE_INTERVAL` seconds."""
+    at most every :data:`LIVE_INTERVAL` seconds. Both draft with the request's drafter (:func:`drafting`)."""
     say = progress or (lambda *args, **kwargs: None)
+    bundle = drafting(bundle, request)
     sampling, seed = request.sampling, request.seed
     cls = condition(bundle, request)
     key, reused = eagle_key(bundle, request), eagle_reused(bundle, request)
@@ -467,7 +513,8 @@ def check_seeds(seeds) -> list[int]:
 
 def compare_batch(bundle: Bundle, request: Request, seeds: list[int]) -> list[Comparison]:
     """The chosen method and lossless Eagle-1 for one request at each of ``seeds``: each method decodes all the
-    seeds as one batch (spec section 9; every image gets the tokens it gets alone)."""
+    seeds as one batch (spec section 9; every image gets the tokens it gets alone), with the request's drafter."""
+    bundle = drafting(bundle, request)
     cls = condition(bundle, request)
     method = generate_batch(bundle, [cls] * len(seeds), request.rule, request.tree, request.sampling, seeds)
     eagle = method if request.method == "eagle" else \
@@ -518,7 +565,8 @@ def timing_runs(bundle: Bundle, request: Request, repeats: int = TIMING_REPEATS)
     always goes first); the same class, seed and sampling as the images, so the tokens are the same too. Yields
     its progress before each run, then the :class:`Timing`, with each run's repeat of median latency and its
     picture (the race replays its rounds). A generator, so that whoever waits can stop it between two runs by
-    closing it: nobody waits for those numbers any more."""
+    closing it: nobody waits for those numbers any more. The drafting runs draft with the request's drafter."""
+    bundle = drafting(bundle, request)
     runs = {"ar": AR(), "eagle": Eagle()}
     if request.method not in runs:
         runs["method"] = request.rule

@@ -22,9 +22,9 @@ from ..core.rules import RULES, AcceptanceRule, ModelTables, build_rule, omega_s
 from ..core.stats import Round
 from ..core.theory import captured_theory, chain_theory, toy_chain, toy_neighbours
 from ..core.trees import JacobiWindow, parse_draft
-from ..models.bundle import Bundle
+from ..models.bundle import DRAFTER_NAMES, Bundle
 from . import frames, plots, series
-from .session import DRAFTS, Comparison, Request, choice, flag, method_entries
+from .session import DEFAULT_DRAFTER, DRAFTS, Comparison, Request, choice, flag, method_entries
 
 DISPLAY_SCALE = 10
 NATIVE_SIZE = 128  # images this large or larger are shown at 1x; smaller ones enlarged DISPLAY_SCALE times
@@ -60,13 +60,36 @@ def plain(text: str, limit: int = 300) -> str:
                           "\\" + match.group(0), text)
 
 
+def drafter_shown(request: Request) -> str:
+    """The drafter a request's chain or tree drafted with, as the page says it (``EAGLE-3``); empty where none
+    drafted (a Jacobi window: the target drafts for itself)."""
+    return DRAFTER_NAMES.get(request.drafter, request.drafter)
+
+
+def with_drafter(label: str, request: Request, drafts: bool = True) -> str:
+    """A drafting run's label with the drafter it drafted with: ``COOL-SD (EAGLE-3 drafter)``, or inside the
+    label's parentheses (``Eagle-1 (lossless, EAGLE-3 drafter)``); unchanged for a run that drafts nothing (AR)
+    or where no drafter drafted."""
+    shown = drafter_shown(request)
+    if not drafts or not shown:
+        return label
+    return f"{label[:-1]}, {shown} drafter)" if label.endswith(")") else f"{label} ({shown} drafter)"
+
+
+def draft_words(request: Request) -> str:
+    """The draft in the images' labels, with the drafter where it is not the default one: ``chain:5, EAGLE-3
+    drafter`` (the timing table names every drafter)."""
+    other = request.drafter and request.drafter != DEFAULT_DRAFTER
+    return f"{request.draft}, {drafter_shown(request)} drafter" if other else request.draft
+
+
 def image_labels(request: Request) -> tuple[str, str]:
     """The two images' labels, each naming the draft it used: the Eagle-1 run drafts with the draft structure
-    even when AR is chosen and that control is hidden."""
-    eagle = f"Eagle-1 (lossless, {request.draft})"
+    (and the drafter) even when AR is chosen and that control is hidden."""
+    eagle = f"Eagle-1 (lossless, {draft_words(request)})"
     if request.method == "eagle":
         return eagle, eagle
-    return (f"{request.label} ({request.draft})" if RULES[request.method].drafts else request.label), eagle
+    return (f"{request.label} ({draft_words(request)})" if RULES[request.method].drafts else request.label), eagle
 
 
 # What each refresh of a Jacobi window does (what Eagle-1's lossless test on it is known as: series.EAGLE_ON_WINDOW).
@@ -98,8 +121,9 @@ def setting_text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-REUSED = ("Eagle-1's image was made earlier with this class, seed, draft and sampling, and is shown again, not "
-          "decoded again (lossless: it would be the same image); the timing table and the race time every run afresh.")
+REUSED = ("Eagle-1's image was made earlier with this class, seed, draft, drafter and sampling, and is shown again, "
+          "not decoded again (lossless: it would be the same image); the timing table and the race time every run "
+          "afresh.")
 
 
 def caption(bundle: Bundle, request: Request, eagle_reused: bool = False) -> str:
@@ -119,11 +143,13 @@ def caption(bundle: Bundle, request: Request, eagle_reused: bool = False) -> str
 
 def timing_runs(result: Comparison) -> list[tuple[str, str, object]]:
     """(timing key, row label, statistics) of each run in the table: the method, Eagle-1 unless it is the
-    method, and AR unless it is (AR's statistics are implied: one target forward per token)."""
-    runs = [("method", result.request.label, result.method.stats)]
-    if result.request.method != "eagle":
-        runs.append(("eagle", "Eagle-1 (lossless)", result.eagle.stats))
-    if result.request.method != "ar":
+    method, and AR unless it is (AR's statistics are implied: one target forward per token). Each drafting run's
+    label names its drafter (:func:`with_drafter`); AR's claims none."""
+    request = result.request
+    runs = [("method", with_drafter(request.label, request, RULES[request.method].drafts), result.method.stats)]
+    if request.method != "eagle":
+        runs.append(("eagle", with_drafter("Eagle-1 (lossless)", request), result.eagle.stats))
+    if request.method != "ar":
         runs.append(("ar", "AR (no drafting)", None))
     return runs
 
@@ -276,16 +302,18 @@ RACE_RUNS = (("ar", "AR"), ("eagle", "Eagle-1"), ("method", None))  # lanes, top
 
 def race_lanes(result: Comparison) -> list[frames.Lane]:
     """The race's lanes: AR, Eagle-1 and the chosen method (when it is neither), each its timing run of median
-    latency with its own image, finishing at the timing table's median latency."""
-    timing = result.timing
+    latency with its own image, finishing at the timing table's median latency; each drafting lane with the
+    drafter it drafted with (AR's with none)."""
+    timing, request = result.timing, result.request
     lanes = []
     for run, name in RACE_RUNS:
         if run not in timing.runs:  # "method" is timed only when it is neither AR nor Eagle-1
             continue
         generation = timing.runs[run]
         pixels = np.asarray(enlarge(timing.images[run]))  # made with the timing (on ZeroGPU, in its worker)
-        lanes.append(frames.Lane(name or result.request.label, frames.rgb_pixels(pixels), generation.stats,
-                                 timing.latency(run)[0]))
+        drafts = run == "eagle" or (run == "method" and RULES[request.method].drafts)
+        lanes.append(frames.Lane(name or request.label, frames.rgb_pixels(pixels), generation.stats,
+                                 timing.latency(run)[0], drafter_shown(request) if drafts else ""))
     return lanes
 
 
@@ -436,12 +464,20 @@ def measured_run(bundle: Bundle, request: Request) -> dict | None:
         if run["method"] != request.method:
             continue
         drafts = RULES[request.method].drafts
-        if drafts and run["draft"] != request.draft:
+        if drafts and (run["draft"] != request.draft or not same_drafter(run, request)):
             continue
         depth = parse_draft(run["draft"]).depth if drafts else 0
         if build_rule(run["method"], run["params"], depth, bundle).params() == wanted:
             return run
     return None
+
+
+def same_drafter(run: dict, request: Request) -> bool:
+    """Whether a benchmark run drafted with the request's drafter (a run that records none, made before the
+    benchmark recorded drafters, drafted with Eagle-1's; a Jacobi window's with none)."""
+    if not parse_draft(run["draft"]).needs_drafter:
+        return True
+    return (run.get("drafter") or DEFAULT_DRAFTER) == (request.drafter or DEFAULT_DRAFTER)
 
 
 def measured_point(bundle: Bundle, request: Request, metric: str) -> tuple[float, float] | None:
@@ -466,7 +502,7 @@ def setting_name(request: Request) -> str:
     """The current setting in the figures' words, e.g. ``COOL-SD (μ=auto, ν=0.7, exp), δ=2.5, chain:5``."""
     run = {"method": request.method, "params": request.param_dict}
     parts = [series.family_name(run)] + [series.point_label(run)] * bool(series.swept(request.method))
-    return ", ".join(parts + [request.draft] * RULES[request.method].drafts)
+    return ", ".join(parts + [draft_words(request)] * RULES[request.method].drafts)
 
 
 def off_grid(bundle: Bundle, request: Request) -> str:
@@ -539,24 +575,35 @@ def png_base64(pixels: np.ndarray) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def api_run(generation: Generation, pixels: np.ndarray) -> dict:
-    """One image for API users: PNG base64 and raw pixels, the tokens, and the statistics."""
+def api_run(generation: Generation, pixels: np.ndarray, drafter: str | None = None) -> dict:
+    """One image for API users: PNG base64 and raw pixels, the tokens, and the statistics, with the drafter its
+    chain or tree drafted with (None where none drafted)."""
     return {"tokens": generation.tokens, "pixels": pixels.tolist(), "png_base64": png_base64(pixels),
-            "stats": generation.stats.to_dict(rounds=False)}
+            "stats": {**generation.stats.to_dict(rounds=False), "drafter": drafter}}
+
+
+def run_drafters(request: Request) -> dict[str, str | None]:
+    """The drafter of each image of a comparison: Eagle-1's drafts with the request's drafter, the method's too
+    unless it drafts nothing (AR)."""
+    drafter = request.drafter or None
+    return {"method": drafter if RULES[request.method].drafts else None, "eagle": drafter}
 
 
 def api_payload(result: Comparison) -> dict:
     """JSON for API users: both images, and the latencies when they were measured."""
-    return {"method": api_run(result.method, result.images["method"]),
-            "eagle": api_run(result.eagle, result.images["eagle"]),
+    drafters = run_drafters(result.request)
+    return {"method": api_run(result.method, result.images["method"], drafters["method"]),
+            "eagle": api_run(result.eagle, result.images["eagle"], drafters["eagle"]),
             "timing": result.timing.to_dict() if result.timing is not None else None}
 
 
 def api_batch_payload(results: list[Comparison]) -> dict:
     """JSON for a batch of seeds: per seed, both images; the batch size and each method's seconds for all of
     them (each image of a batch waits for the whole batch)."""
-    first = results[0]
+    first, drafters = results[0], run_drafters(results[0].request)
     return {"batch": len(results),
             "seconds": {"method": first.method.stats.seconds["total"], "eagle": first.eagle.stats.seconds["total"]},
-            "images": [{"seed": result.request.seed, "method": api_run(result.method, result.images["method"]),
-                        "eagle": api_run(result.eagle, result.images["eagle"])} for result in results]}
+            "images": [{"seed": result.request.seed,
+                        "method": api_run(result.method, result.images["method"], drafters["method"]),
+                        "eagle": api_run(result.eagle, result.images["eagle"], drafters["eagle"])}
+                       for result in results]}

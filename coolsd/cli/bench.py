@@ -49,7 +49,7 @@ from ..core.params import OneLineParser, Param, program, run_command
 from ..core.rules import build_rule
 from ..core.sampling import SamplingConfig
 from ..core.trees import usable_depth
-from ..models.bundle import Bundle, pick_device
+from ..models.bundle import DRAFTER_NAMES, EAGLE3_FILE, Bundle, pick_device
 from .common import (
     add_model_arguments,
     check_device,
@@ -146,7 +146,7 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     check_device(args.device)
     methods = args.methods if args.methods is not None else ([] if args.preset else DEFAULT_METHODS)
     configurations, skipped = plan(methods, args.preset, args.draft, usable_depth(args.info.config.image_tokens),
-                                   args.info.config.vocab_size)
+                                   args.info.config.vocab_size, args.drafter)
     args.study = Study(tuple(configurations), args.images, args.seed, args.latency_images, args.repeats, args.warmup,
                        tuple(skipped), args.batch, args.latency_batches)
     return args
@@ -159,6 +159,7 @@ def work_arguments(args: argparse.Namespace, bundle: Bundle) -> dict:
     differ from its recorded sample is refused as not deterministic)."""
     return {"model": args.model, "target_sha256": bundle.weights_digest(),
             "drafter_sha256": bundle.weights_digest("drafter.safetensors"),
+            **({"eagle3_sha256": bundle.weights_digest(EAGLE3_FILE)} if "eagle3" in bundle.drafters else {}),
             "random_init": args.random_init, "device": pick_device(args.device).type,
             "steps": args.steps, "sampling": args.overrides, "seed": args.seed, "images": args.images,
             "latency_images": args.study.timed_images, "latency_batches": list(args.latency_batches),
@@ -221,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare-steps", action="store_true",
                         help="with --profile: also time the AR step under every other --steps mode this device runs "
                              "(eager, static, graphs on CUDA, compiled)")
-    add_model_arguments(parser)
+    add_model_arguments(parser, several_drafters=True)
     return parser
 
 
@@ -237,12 +238,18 @@ def profile_parts(args: argparse.Namespace, bundle: Bundle) -> int:
     """``--profile``: each part of a round timed (``--repeats``, default 20), the speed-ups they imply, and
     ``--images`` whole images per method."""
     from .profile import format_profile, profile
-    result = profile(bundle, sampling_from(args.overrides, bundle), repeats=args.repeats if args.repeats > 1 else 20,
-                     images=args.images, seed=args.seed, compare_steps=args.compare_steps,
-                     batches=args.latency_batches)
+    names = args.drafter or [bundle.drafter_name]
+    results = {}
+    for name in names:  # each drafter's round (the AR step timed again beside it)
+        results[name] = profile(bundle.with_drafter(name), sampling_from(args.overrides, bundle),
+                                repeats=args.repeats if args.repeats > 1 else 20, images=args.images, seed=args.seed,
+                                compare_steps=args.compare_steps, batches=args.latency_batches)
+        if len(names) > 1:
+            print(f"## Drafter: {DRAFTER_NAMES[name]}")
+        print(format_profile(results[name]))
     if args.out:
+        result = results[names[0]] if len(names) == 1 else {"drafters": results}
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(format_profile(result))
     return 0
 
 

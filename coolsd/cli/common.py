@@ -17,6 +17,8 @@ from ..core.sampling import SamplingConfig
 from ..core.trees import default_draft, parse_draft, usable_depth
 from ..models.bundle import (
     DEFAULT_MODEL,
+    DRAFTER_NAMES,
+    EAGLE3_FILE,
     Bundle,
     load_bundle,
     pick_device,
@@ -37,7 +39,11 @@ class ModelInfo:
 
     config: ModelConfig
     class_names: list[str]
-    has_drafter: bool = True
+    drafters: tuple[str, ...] = ("eagle1",)  # the drafters the model carries, by name, the default first
+
+    @property
+    def has_drafter(self) -> bool:
+        return bool(self.drafters)
 
     @property
     def draft(self) -> str:
@@ -45,9 +51,10 @@ class ModelInfo:
         return default_draft(self.config.image_tokens, self.has_drafter)
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared with the benchmark: which model, where, and the sampling transform. Numbers are read
-    as text and checked by :func:`check_model_args`, so every range error has coolsd.params' wording."""
+def add_model_arguments(parser: argparse.ArgumentParser, several_drafters: bool = False) -> None:
+    """Options shared with the benchmark: which model, where, its drafter (``several_drafters``: the benchmark
+    takes a list, each drafting method running with each), and the sampling transform. Numbers are read as text
+    and checked by :func:`check_model_args`, so every range error has coolsd.params' wording."""
     parser.add_argument("--model", default=None, help="a preset (" + ", ".join(preset_names()) + "), a directory "
                         "with model.json, or a bundle directory (default: the shipped model)")
     parser.add_argument("--random-init", choices=list(RANDOM_INIT_SIZES), default=None,
@@ -57,6 +64,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="chain:L, tree:<preset> (eagle25, wide57) or a Jacobi window, "
                         "jacobi:L[:independent|coupled|gumbel][:uniform|point], which needs no drafter (default: the "
                         "model's, else chain:5)")
+    parser.add_argument("--drafter", nargs="+" if several_drafters else None, default=None, metavar="NAME",
+                        help="the drafter a drafting method uses: eagle1 (Eagle-1) or eagle3 (EAGLE-3), where the "
+                        "model carries it" + ("; several: each drafting method runs with each, in the same run"
+                                              if several_drafters else "") + " (default: the model's first, eagle1)")
     parser.add_argument("--cfg", default=None, help=f"classifier-free guidance scale; {PARAMS['cfg_scale'].span()} "
                         "(default: the model's)")
     parser.add_argument("--temperature", default=None, help=f"{PARAMS['temperature'].span()} (default: the model's)")
@@ -77,7 +88,9 @@ def model_info(model: str | None, random_init: str | None) -> ModelInfo:
     if described is not None:
         spec = read_spec(described)
         config = registry_config(spec, described.parent)
-        return ModelInfo(config, class_names(spec, config), "drafter" in spec)
+        return ModelInfo(config, class_names(spec, config), tuple(name for name, key in (("eagle1", "drafter"),
+                                                                                         ("eagle3", "eagle3"))
+                                                                  if spec.get(key)))
     path = Path(model) if model else DEFAULT_MODEL
     if not (path / "config.json").is_file():
         raise ValueError(f"no model bundle at {path} (expected config.json and *.safetensors)")
@@ -87,7 +100,8 @@ def model_info(model: str | None, random_init: str | None) -> ModelInfo:
     except (OSError, KeyError, TypeError, ValueError) as error:
         raise ValueError(f"unreadable model config {path / 'config.json'}: {shorten(str(error), 80)}") from None
     names = meta.get("class_names") or [f"class {i}" for i in range(config.num_classes)]
-    return ModelInfo(config, names, (path / "drafter.safetensors").is_file())
+    files = (("eagle1", "drafter.safetensors"), ("eagle3", EAGLE3_FILE))
+    return ModelInfo(config, names, tuple(name for name, file in files if (path / file).is_file()))
 
 
 def check_device(device: str | None) -> None:
@@ -151,12 +165,25 @@ def check_model_args(args: argparse.Namespace, many_images: bool = False) -> arg
     args.threads = check_threads(args.threads)
     args.seed = check("seed", args.seed)
     args.info = model_info(args.model, args.random_init)
+    args.drafter = check_drafters(args.drafter, args.info)
     args.draft = args.draft or args.info.draft
     args.tree = parse_draft(args.draft, usable_depth(args.info.config.image_tokens))
     vocab = args.info.config.vocab_size
     args.overrides = {name: check(name, getattr(args, option), vocab if name == "top_k" else None)
                       for option, name in SAMPLING_OPTIONS.items() if getattr(args, option) is not None}
     return args
+
+
+def check_drafters(names: "str | list[str] | None", info: ModelInfo) -> "str | list[str] | None":
+    """``--drafter``: names the model carries (one-line error otherwise), unrepeated."""
+    for name in [names] if isinstance(names, str) else names or []:
+        if name not in DRAFTER_NAMES:
+            raise ValueError(f"--drafter must be one of {', '.join(DRAFTER_NAMES)}, got {shorten(name)}")
+        if name not in info.drafters:
+            raise ValueError(f"this model has no {name} drafter (it has: {', '.join(info.drafters) or 'none'})")
+    if isinstance(names, list) and len(set(names)) < len(names):
+        raise ValueError("--drafter lists a drafter twice")
+    return names
 
 
 def load_model(args: argparse.Namespace) -> Bundle:
@@ -167,6 +194,8 @@ def load_model(args: argparse.Namespace) -> Bundle:
         bundle = random_bundle(args.random_init, device=args.device)
     else:
         bundle = load_bundle(args.model, device=args.device)
+    if isinstance(args.drafter, str):
+        bundle = bundle.with_drafter(args.drafter)
     return bundle.with_steps(args.steps)
 
 

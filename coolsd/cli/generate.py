@@ -172,10 +172,12 @@ def generate_image(argv: list[str] | None) -> int:
         pixels = bundle.image(result.tokens)
         save_image(pixels, args.out, scale_for(pixels, args.scale))
     if args.stats:  # the generated tokens too, structural ones included, in generation order
-        record = {**result.stats.to_dict(), "image_tokens": [int(t) for t in result.tokens]}
+        record = {**result.stats.to_dict(), "image_tokens": [int(t) for t in result.tokens],
+                  "drafter": bundle.drafter_name if args.tree.size and args.tree.needs_drafter else None}
         args.stats.write_text(json.dumps(record, indent=1) + "\n")
     stats = result.stats
-    print(f"{stats.method} {stats.params} draft={stats.draft}: tau={stats.tau:.3f} "
+    drafter = f" drafter={bundle.drafter_name}" if args.tree.size and args.tree.needs_drafter else ""
+    print(f"{stats.method} {stats.params} draft={stats.draft}{drafter}: tau={stats.tau:.3f} "
           f"target_forwards={stats.target_forwards} drafter_forwards={stats.drafter_forwards} "
           f"relaxation_cost={stats.relaxation_cost:.4f} time={stats.seconds['total']:.3f}s")
     if not args.out:  # a stats-only run is legitimate, so nothing is written unasked; but say so

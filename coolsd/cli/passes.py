@@ -53,6 +53,10 @@ class Bench:
     def condition(self, image: int):
         return self.conditions[image % len(self.conditions)]
 
+    def model(self, configuration: Configuration) -> Bundle:
+        """The bundle drafting with the configuration's drafter."""
+        return self.bundle.with_drafter(configuration.drafter)
+
 
 def chunks(count: int, size: int) -> list[range]:
     """Images 0..count-1 in consecutive batches of ``size`` (the last one shorter where ``size`` does not divide
@@ -71,7 +75,8 @@ def time_batch(bench: Bench, configurations: list[Configuration], rules: list[Ac
     calls: list[list[list[Generation]]] = [[] for _ in configurations]
     for _ in range(repeats):
         for runs, rule, configuration in zip(calls, rules, configurations):
-            runs.append(generate_batch(bench.bundle, conditions, rule, configuration.tree, bench.sampling, seeds))
+            runs.append(generate_batch(bench.model(configuration), conditions, rule, configuration.tree,
+                                       bench.sampling, seeds))
     out = []
     for runs, configuration in zip(calls, configurations):
         if any([g.tokens for g in run] != [g.tokens for g in runs[0]] for run in runs):
@@ -175,7 +180,7 @@ def timing_pass(bench: Bench, progress: bool, shard: Shard | None = None) -> lis
         for k in sorted({k for batch, _, pending in todo if batch == size for k in pending}):
             for call in range(study.warmup):
                 warm = range(call * size, (call + 1) * size)
-                generate_batch(bench.bundle, [bench.condition(i) for i in warm], bench.rules[k],
+                generate_batch(bench.model(configurations[k]), [bench.condition(i) for i in warm], bench.rules[k],
                                configurations[k].tree, bench.sampling, [10**9 + i for i in warm])
     bar = progress_bar(sum(len(images) * len(pending) for _, images, pending in todo), "time", progress)
     for size, images, pending in todo:
@@ -203,8 +208,9 @@ def sample_pass(bench: Bench, items: list[tuple[int, int]], progress: bool) -> l
     for k, images in by_configuration.items():
         for start in range(0, len(images), batch):
             call = images[start:start + batch]
-            generations = generate_batch(bench.bundle, [bench.condition(i) for i in call], bench.rules[k],
-                                         configurations[k].tree, bench.sampling, [bench.study.seed + i for i in call])
+            generations = generate_batch(bench.model(configurations[k]), [bench.condition(i) for i in call],
+                                         bench.rules[k], configurations[k].tree, bench.sampling,
+                                         [bench.study.seed + i for i in call])
             for record in sample_records(bench, configurations[k], call, generations):
                 bench.records.add(record)
             bar.update(len(call))

@@ -150,7 +150,8 @@ class Setting:
         if source.drafting_phase:  # a drafter: its cache that far, the pairs pending
             pending = min(3, tree.depth + 1)
             source.cache.commit(None, committed - pending)
-            source.feature_buffers(ws, torch.zeros(sampling.rows, 1, bundle.config.dim, device=device,
+            width = bundle.config.dim * max(1, len(ws.taps))  # the target's features, or an EAGLE-3 drafter's taps
+            source.feature_buffers(ws, torch.zeros(sampling.rows, 1, width, device=device,
                                                    dtype=next(bundle.drafter.parameters()).dtype))
             source.pending_tokens[:, :pending] = ws.tokens[:, start - pending:start]
             source.pending_count.fill_(pending)

@@ -34,6 +34,7 @@ class Configuration:
     params: dict
     tree: DraftTree
     label: str
+    drafter: str | None = None  # the model's drafter it drafts with (None: the model's default, or none needed)
 
     @property
     def draft(self) -> str:
@@ -73,12 +74,14 @@ class Study:
         return [(c, i) for i in range(self.images) for c in range(len(self.configurations))]
 
 
-def plan(methods: list[str], presets: list[str], draft: str, max_depth: int,
-         vocab_size: int) -> tuple[list[Configuration], list[dict]]:
+def plan(methods: list[str], presets: list[str], draft: str, max_depth: int, vocab_size: int,
+         drafters: list[str] | None = None) -> tuple[list[Configuration], list[dict]]:
     """The configurations to run, in order (AR first unless listed; then ``methods`` on ``draft``; then each
     preset's), and those a preset offers that the rule refuses here (a too steep linear ``nu`` for the depth, a
     ``k`` beyond the vocabulary) with the reason. A refused or repeated ``methods`` spec is an error; a preset's
-    repeat of something already planned is dropped. Labels name the draft when several drafts are in play."""
+    repeat of something already planned is dropped. Labels name the draft when several drafts are in play.
+    ``drafters`` (names): each configuration that needs a drafter runs once with each, its label naming one
+    other than Eagle-1."""
     wanted = [(spec, draft, False) for spec in methods]
     wanted += [(spec, preset_draft, True) for preset in presets for spec, preset_draft in preset_methods(preset, draft)]
     if not any(parse_method(spec)[0] == "ar" for spec, _, _ in wanted):
@@ -103,13 +106,17 @@ def plan(methods: list[str], presets: list[str], draft: str, max_depth: int,
             continue
         planned[key] = (name, params, tree)
     several = len({tree.name for _, _, tree in planned.values() if tree.size}) > 1
-    return [Configuration(name, params, tree, configuration_label(name, params, tree, several))
-            for name, params, tree in planned.values()], skipped
+    return [Configuration(name, params, tree, configuration_label(name, params, tree, several, drafter), drafter)
+            for name, params, tree in planned.values()
+            for drafter in (drafters or [None] if tree.size and tree.needs_drafter else [None])], skipped
 
 
-def configuration_label(name: str, params: dict, tree: DraftTree, several_drafts: bool) -> str:
-    """The method spec, followed by the draft when several are in play (never for AR: it drafts nothing)."""
-    return method_label(name, params) + (f" @ {tree.name}" if several_drafts and tree.size else "")
+def configuration_label(name: str, params: dict, tree: DraftTree, several_drafts: bool,
+                        drafter: str | None = None) -> str:
+    """The method spec, followed by the draft when several are in play (never for AR: it drafts nothing), and by
+    the drafter when it is not Eagle-1."""
+    return (method_label(name, params) + (f" @ {tree.name}" if several_drafts and tree.size else "")
+            + (f" [{drafter}]" if drafter not in (None, "eagle1") else ""))
 
 
 # Records ------------------------------------------------------------------------------------------------------

@@ -61,10 +61,12 @@ def judge_features(samples: list[dict]) -> np.ndarray:
 
 
 def eagle_baseline(configurations: tuple[Configuration, ...], k: int) -> int | None:
-    """Eagle-1 on configuration k's draft, else the first Eagle-1 (for AR, or a draft without one)."""
+    """Eagle-1's rule on configuration k's draft with its drafter, else on its draft, else the first Eagle-1
+    (for AR, or a draft without one)."""
     eagles = [e for e, c in enumerate(configurations) if c.name == "eagle"]
     same_draft = [e for e in eagles if configurations[e].draft == configurations[k].draft]
-    return (same_draft or eagles or [None])[0]
+    same_drafter = [e for e in same_draft if configurations[e].drafter == configurations[k].drafter]
+    return (same_drafter or same_draft or eagles or [None])[0]
 
 
 def summarise_study(bench: Bench, keep_images: bool) -> dict:
@@ -279,6 +281,8 @@ def summarise(configuration: Configuration, rule: AcceptanceRule, samples: list[
         "method": configuration.name, "params": configuration.params, "rule_params": rule.params(),
         "label": configuration.label,
         "draft": configuration.draft,
+        "drafter": configuration.drafter or (bundle.drafter_name if configuration.tree.size
+                                             and configuration.tree.needs_drafter else None),
         "tau": float(np.mean(column(samples, "tau"))),
         "target_forwards_per_image": float(np.mean(column(samples, "target_forwards"))),
         "drafter_forwards_per_image": float(np.mean(column(samples, "drafter_forwards"))),

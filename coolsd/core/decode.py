@@ -97,7 +97,10 @@ class Workspace:
         self.window_mask = causal(window, device)
         self.window_range = torch.arange(window, device=device)
         self.source = SOURCES[tree.source](self, drafter) if tree.size else DraftSource(self)
-        self.hidden = self.logits = None  # the last verification forward's features and logits
+        # the target layers the drafter reads (EAGLE-3); none for every other draft (no cost to the target)
+        self.taps = tuple(drafter.target_layers) if tree.size and tree.source == "drafter" else ()
+        # the last target forward's features, the draft source's features (the taps, else the same) and logits
+        self.hidden = self.source_hidden = self.logits = None
         widths = record_widths(nodes, len(tree.inner_nodes), tree.depth)
         self.records = torch.zeros(batch, images, sum(widths.values()), dtype=torch.float64, device=device)
         # a round's record before it goes into records: an AR step writes its start and token (per round) beside
@@ -159,9 +162,10 @@ def prefill(ws: Workspace, conditions: Sequence[Any]) -> None:
         embeds = stack_rows([prefix.embeds for prefix in prefixes])
         valid = stack_rows([prefix.valid for prefix in prefixes]) if prefixes[0].valid is not None else None
         length = embeds.shape[1]
-        hidden = target(embeds, torch.arange(length, device=device), ws.target_cache, 0, causal(length, device), valid)
+        target_forward(ws, embeds, torch.arange(length, device=device), ws.target_cache, 0, causal(length, device),
+                       valid)
         ws.target_cache.commit(None, length)
-        logits = target.logits(hidden[:, -1:])
+        logits = target.logits(ws.hidden[:, -1:])
     with ws.timer.phase("acceptance"):
         ws.draw_randoms(ws.first_uniforms)
         first_probs = ws.guided(logits, ws.allowed(ws.window_range[:1]))[:, 0]  # n is 0
@@ -169,7 +173,16 @@ def prefill(ws: Workspace, conditions: Sequence[Any]) -> None:
         ws.tokens[:, 0] = first
         ws.n.fill_(1)
     with ws.timer.phase("drafting"):
-        ws.source.start(ws, embeds, hidden)
+        ws.source.start(ws, embeds, ws.source_hidden)
+
+
+def target_forward(ws: Workspace, *args: Any) -> None:
+    """A target forward (the interface's arguments): its features into ``ws.hidden`` and the draft source's into
+    ``ws.source_hidden``, the inputs of the layers an EAGLE-3 drafter reads, asked for only then."""
+    if ws.taps:
+        ws.hidden, ws.source_hidden = ws.target(*args, taps=ws.taps)
+    else:
+        ws.hidden = ws.source_hidden = ws.target(*args)
 
 
 def draft_phase(ws: Workspace, levels: int | None = None) -> None:
@@ -204,8 +217,8 @@ def score(ws: Workspace) -> None:
         ws.node_tokens[:, :1] = ws.tokens.gather(1, (ws.n - 1)[:, None])  # the root: the last emitted token
         embeds = ws.per_row(target.embed(ws.node_tokens))
         positions = (ws.n[:, None] + (target.prefix_length - 1) + index["depths"]).clamp_max(ws.last_position)
-        ws.hidden = target(embeds, ws.row_positions(positions), ws.target_cache, 0,
-                           index["mask"] if tree.size else None)
+        target_forward(ws, embeds, ws.row_positions(positions), ws.target_cache, 0,
+                       index["mask"] if tree.size else None)
         ws.logits = target.logits(ws.hidden)
 
 

@@ -12,7 +12,7 @@ every row, or (rows, T) where the images of a batch stand at different lengths.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -99,9 +99,10 @@ class Target(Protocol):
         image on the device, and ``commit`` takes one kept path and one count per image."""
 
     def __call__(self, x: Tensor, positions: Tensor, cache: Cache, offset: int = 0, mask: Tensor | None = None,
-                 valid: Tensor | None = None) -> Tensor:
+                 valid: Tensor | None = None, taps: tuple[int, ...] = ()) -> "Tensor | tuple[Tensor, Tensor]":
         """Inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) or (rows, T) -> final-normed features
-        (rows, T, dim).
+        (rows, T, dim); with ``taps`` (a drafter's ``target_layers``), the pair (features, the inputs of those
+        layers concatenated in layer order (rows, T, len(taps) * dim)). Asked only by an EAGLE-3 drafter.
         They see every committed cache entry and, within the pending area, what ``mask`` (T, offset + T) allows
         (None: a single new position, or causal when ``valid`` is given). ``valid`` (rows, T): key validity of
         the new positions (the prefix's padding mask), kept in the cache."""
@@ -112,8 +113,16 @@ class Target(Protocol):
 
 @runtime_checkable
 class Drafter(Protocol):
-    """An Eagle-1 style drafter: from the target's (or its own predicted) feature at slot ``s`` and the next
-    input's embedding, predict the feature at ``s + 1`` (spec section 5); the target's head gives draft logits."""
+    """An Eagle style drafter: from the target's (or its own predicted) feature at slot ``s`` and the next
+    input's embedding, predict the feature at ``s + 1`` (spec section 5); its :meth:`logits` give draft logits.
+    ``target_layers``: empty for a drafter that reads the target's final-normed features (Eagle-1); else the
+    target layers whose inputs it reads, concatenated (EAGLE-3), which the target's forward then also returns
+    (``taps``). Its own predicted features are as wide as the target's."""
+
+    target_layers: tuple[int, ...]
+
+    def logits(self, features: Tensor, head: Callable[[Tensor], Tensor]) -> Tensor:
+        """Predicted features -> draft logits, given the target's output ``head`` (:meth:`Target.logits`)."""
 
     def embed(self, tokens: Tensor) -> Tensor:
         """(T,) tokens -> (T, dim) embeddings of the drafter's input (its own table, or the target's)."""

@@ -58,7 +58,8 @@ class DraftSource:
 
 
 class DrafterSource(DraftSource):
-    """An Eagle-1 head (spec section 5): it catches up on the pairs the last round kept, then drafts the tree
+    """An Eagle head (spec section 5; Eagle-1, or EAGLE-3, whose target features are the target's taps): it
+    catches up on the pairs the last round kept, then drafts the tree
     level by level from its own predicted features, children drawn without replacement (exponential races)."""
 
     drafting_phase = True
@@ -93,10 +94,12 @@ class DrafterSource(DraftSource):
         return [self.cache]
 
     def feature_buffers(self, ws: Workspace, like: Tensor) -> None:
-        """The feature buffers, made once from a first hidden state (rows, T, dim) of the target's dtype."""
+        """The feature buffers, made once from the prefill's features for the drafter (rows, T, width) of the
+        target's dtype: the pending ones are that wide (an EAGLE-3 drafter's taps: k * dim), the drafter's own
+        predicted ones as wide as the target's features."""
         if self.pending_features is None:
             self.pending_features = like.new_zeros(ws.rows, ws.tree.depth + 1, like.shape[-1])
-            self.node_features = like.new_zeros(ws.rows, ws.tree.size + 1, like.shape[-1])
+            self.node_features = like.new_zeros(ws.rows, ws.tree.size + 1, ws.target.config.dim)
 
     def start(self, ws: Workspace, embeds: Tensor, hidden: Tensor) -> None:
         """The drafter sees the prefix pairs but the last: slot s pairs the target's feature at s with the next
@@ -135,7 +138,8 @@ class DrafterSource(DraftSource):
         for depth, level in enumerate(index["levels"][:levels], start=1):
             nodes = tree.levels[depth]
             allowed = level_allowed[:, depth - 1:depth] if level_allowed is not None else None
-            q_level = ws.guided(target.logits(features[:, level["distinct"]]), allowed)  # (B, parents, V)
+            logits = drafter.logits(features[:, level["distinct"]], target.logits)
+            q_level = ws.guided(logits, allowed)  # (B, parents, V)
             ws.q[:, level["distinct_inner"]] = q_level
             drawn, races = draw_without_replacement(q_level, level["width"], self.races[depth - 1])
             tokens[:, nodes.start:nodes.stop] = drawn.flatten(1)[:, level["drawn"]]
@@ -155,7 +159,7 @@ class DrafterSource(DraftSource):
 
     def observe(self, ws: Workspace, verdict: Verdict, p: Tensor, count: Tensor) -> None:
         """The next catch-up's pairs: the kept nodes' target features and the emitted tokens."""
-        hidden = ws.hidden
+        hidden = ws.source_hidden
         self.pending_features.copy_(hidden[:, :ws.tree.depth + 1] if ws.tree.is_chain else
                                     gather_rows(hidden, ws.per_row(verdict.keep)))
         self.pending_tokens.copy_(verdict.emitted)

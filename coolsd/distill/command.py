@@ -30,7 +30,7 @@ from ..models.config import RANDOM_INIT_SIZES
 from ..models.registry import EXAMPLE_PROMPTS
 from .cost import calibrate, check_budget, estimate
 from .data import generate_shard, shard_seed, shard_sizes
-from .heads import drafter_format, save_drafter
+from .heads import KINDS, drafter_format, save_drafter
 from .report import REPORT_DRAFTS, model_card, quality, report_conditions
 from .trainer import TrainConfig, TrainResult, train_drafter
 
@@ -39,7 +39,7 @@ NUMBERS = {  # option: (low, high, whole number)
     "warmup": (0, 1, False), "weight_decay": (0, 10, False), "grad_clip": (0, 10**6, False),
     "noise": (0, 10, False), "unconditional": (0, 1, False), "ce_weight": (0, 100, False),
     "seed": (0, 2**31 - 1, True), "gen_batch": (1, 10**5, True), "memory_gb": (0, 10**6, False),
-    "checkpoint_every": (1, 10**9, True),
+    "checkpoint_every": (1, 10**9, True), "ttt_steps": (1, 16, True),
 }
 
 
@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "target that will run in float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: $COOLSD_THREADS, "
                         "else 1)")
+    parser.add_argument("--kind", choices=list(KINDS), default=defaults.kind, help="eagle1 (the target's final "
+                        "features, Eagle's objective) or eagle3 (fused target layers, training-time test); an "
+                        "eagle3 drafter is saved beside the model's Eagle-1 drafter (default eagle1)")
+    parser.add_argument("--taps", default="", help="EAGLE-3's target layers, comma-separated (default: 2, n // 2 "
+                        "and n - 3 of an n-layer target)")
     for name in NUMBERS:
         parser.add_argument("--" + name.replace("_", "-"), default=getattr(defaults, name),
                             help=f"{OPTION_HELP[name]} (default {show_number(getattr(defaults, name))})")
@@ -91,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, (low, high, whole) in NUMBERS.items():
         setattr(args, name, number(name.replace("_", "-"), getattr(args, name), low, high, integer=whole))
     number("eval-images", args.eval_images, 1, 10**6, integer=True)
+    try:
+        args.taps = tuple(int(t) for t in args.taps.split(",")) if args.taps.strip() else ()
+    except ValueError:
+        raise ValueError(f"--taps takes layer numbers separated by commas, e.g. 2,16,29; got {args.taps!r}") from None
+    if args.taps and args.kind != "eagle3":
+        raise ValueError("--taps chooses an EAGLE-3 drafter's target layers: add --kind eagle3")
     number("max-hours", args.max_hours, above=0)
     return args
 
@@ -104,6 +115,7 @@ OPTION_HELP = {
     "gen_batch": "images generated per batch",
     "memory_gb": "data up to this size (GB) stays in memory, larger goes to disk in shards",
     "checkpoint_every": "steps between checkpoints",
+    "ttt_steps": "EAGLE-3's training-time test steps K (--kind eagle3)",
 }
 
 
@@ -154,7 +166,7 @@ def measure_quality(bundle: Bundle, result: TrainResult, config: TrainConfig, ev
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     bundle = load_target(args)
     prompts = read_prompts(bundle, args.prompts)
-    config = TrainConfig(**{name: getattr(args, name) for name in NUMBERS})
+    config = TrainConfig(**{name: getattr(args, name) for name in NUMBERS}, kind=args.kind, taps=args.taps)
     work = args.work or args.out / "work"
     compare = not args.no_compare and bundle.drafter is not None
     cost = estimate(bundle, config, calibrate(bundle, config), args.eval_images, 2 if compare else 1)
@@ -170,7 +182,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     report = measure_quality(bundle, result, config, args.eval_images, compare)
     seconds = {**result.seconds, "report": time.perf_counter() - started - sum(result.seconds.values())}
-    record = {"command": "python -m coolsd.train drafter " + " ".join(argv), "format": drafter_format(bundle),
+    record = {"command": "python -m coolsd.train drafter " + " ".join(argv),
+              "format": drafter_format(bundle, config.kind), "taps": list(result.drafter.target_layers),
               "target": bundle.name, "settings": asdict(config), "steps": len(result.losses),
               "loss_first_50": mean(result.losses[:50]), "loss_last_50": mean(result.losses[-50:]),
               "data_in_memory": result.in_memory, "seconds_this_process": seconds,

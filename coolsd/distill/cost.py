@@ -18,7 +18,7 @@ from ..models.bundle import Bundle
 from ..models.gpt import Caption, parameter_count
 from .data import Shard, batch_prefix, bytes_per_image, causal, shard_sizes
 from .heads import new_drafter, trainable
-from .objective import step_loss
+from .objective import training_loss
 from .report import AGREEMENT_DEPTH, REPORT_DRAFTS
 from .trainer import TrainConfig, autocast, data_in_memory
 
@@ -112,18 +112,19 @@ def time_generation(bundle: Bundle, rows: int) -> tuple[float, float]:
 def time_training(bundle: Bundle, config: TrainConfig) -> float:
     """Seconds per training step on a batch of random features (a throw-away drafter and optimizer)."""
     target, device, cfg = bundle.target, bundle.device, bundle.config
-    drafter = new_drafter(bundle, config.seed + 1).train()
+    drafter = new_drafter(bundle, config.seed + 1, config.kind, config.taps).train()
     optimizer = torch.optim.AdamW(trainable(drafter), lr=config.lr)
     generator = torch.Generator(device).manual_seed(0)
     dtype = target.output.weight.dtype
-    length = target.prefix_length + target.image_tokens - 1
+    length, taps = target.prefix_length + target.image_tokens - 1, len(drafter.target_layers)
     batch = Shard(torch.randint(cfg.vocab_size, (config.batch, target.image_tokens), device=device),
                   torch.randn(config.batch, 2, length, cfg.dim, device=device, dtype=dtype),
-                  torch.randn(config.batch, 2, target.prefix_length - 1, cfg.dim, device=device, dtype=dtype))
+                  torch.randn(config.batch, 2, target.prefix_length - 1, cfg.dim, device=device, dtype=dtype),
+                  torch.randn(config.batch, 2, length, taps * cfg.dim, device=device, dtype=dtype) if taps else None)
 
     def train_step() -> None:
         with autocast(device):
-            loss, _ = step_loss(drafter, target.logits, batch, target.prefix_length, generator)
+            loss, _ = training_loss(drafter, target.logits, batch, target.prefix_length, generator, config)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -132,13 +133,13 @@ def time_training(bundle: Bundle, config: TrainConfig) -> float:
 
 
 @torch.inference_mode()
-def time_round(bundle: Bundle) -> float:
+def time_round(bundle: Bundle, config: TrainConfig) -> float:
     """Seconds of one tree:eagle25 round at batch 1: its verification forward and five drafter levels, with
     half the image cached (host-side acceptance, a few percent of a round, is left out)."""
     target, device = bundle.target, bundle.device
     rows, p, n = bundle.sampling.rows, target.prefix_length, target.image_tokens
     tree = parse_draft(REPORT_DRAFTS[-1])
-    drafter = new_drafter(bundle, 0).to(target.output.weight.dtype)  # as load_bundle casts it for decoding
+    drafter = new_drafter(bundle, 0, config.kind, config.taps).to(target.output.weight.dtype)  # as loaded
     target_cache, drafter_cache = target.new_cache(rows, p + n + tree.size), drafter.new_cache(rows, p + n + tree.size)
     target_cache.length = drafter_cache.length = p + n // 2
     nodes = target.embed(torch.zeros(tree.size + 1, dtype=torch.long, device=device))[None].expand(rows, -1, -1)
@@ -146,7 +147,8 @@ def time_round(bundle: Bundle) -> float:
     width = max(len(level) for level in tree.levels[1:])
     features = nodes[:, :width]
     verify = timed(lambda: target(nodes, positions, target_cache), device)
-    level = timed(lambda: target.logits(drafter(features, features, positions[:width], drafter_cache)), device)
+    level = timed(lambda: drafter.logits(drafter(features, features, positions[:width], drafter_cache),
+                                         target.logits), device)
     return verify + tree.depth * level
 
 
@@ -157,7 +159,7 @@ def calibrate(bundle: Bundle, config: TrainConfig) -> Measured:
     prefill, ar_step = time_generation(bundle, min(config.gen_batch, config.images))
     train_step = time_training(bundle, config)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return Measured(prefill, ar_step, train_step, time_round(bundle), peak)
+    return Measured(prefill, ar_step, train_step, time_round(bundle, config), peak)
 
 
 def estimate(bundle: Bundle, config: TrainConfig, measured: Measured, eval_images: int,
@@ -169,9 +171,12 @@ def estimate(bundle: Bundle, config: TrainConfig, measured: Measured, eval_image
     generation = batches * (measured.prefill + n * measured.ar_step)
     report = drafters_reported * len(REPORT_DRAFTS) * eval_images * n * measured.round
     report += eval_images * AGREEMENT_DEPTH * measured.ar_step  # the teacher-forced agreement: a few forwards
-    data = config.images * bytes_per_image(bundle.target, bundle.config.dim, bundle.target.output.weight.dtype)
-    drafter = new_drafter(bundle, 0)
-    return Estimate(generation, config.steps * measured.train_step, report, data, data_in_memory(bundle, config),
+    taps = len(new_drafter(bundle, 0, config.kind, config.taps).target_layers)
+    data = config.images * bytes_per_image(bundle.target, bundle.config.dim, bundle.target.output.weight.dtype, taps)
+    drafter = new_drafter(bundle, 0, config.kind, config.taps)
+    taps = len(drafter.target_layers)
+    return Estimate(generation, config.steps * measured.train_step, report, data,
+                    data_in_memory(bundle, config, taps),
                     parameter_count(bundle.target), sum(p.numel() for p in trainable(drafter)), measured)
 
 

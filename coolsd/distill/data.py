@@ -27,45 +27,52 @@ from ..core.sampling import SamplingConfig, probabilities
 class Shard:
     """``n`` self-distilled sequences. ``tokens`` (n, N) the sampled image; ``features`` (n, 2, P + N - 1, dim)
     the target's final-normed features at positions 0..P+N-2 for the conditional (0) and unconditional (1) row;
-    ``lead`` (n, 2, P - 1, dim) the drafter's next inputs at prefix slots 0..P-2 (empty for a class model)."""
+    ``lead`` (n, 2, P - 1, dim) the drafter's next inputs at prefix slots 0..P-2 (empty for a class model);
+    ``taps`` (n, 2, P + N - 1, k * dim), for an EAGLE-3 drafter only, the inputs of the ``k`` target layers it
+    reads, at the same positions (None otherwise)."""
 
     tokens: Tensor
     features: Tensor
     lead: Tensor
+    taps: Tensor | None = None
+
+    FIELDS = ("tokens", "features", "lead", "taps")
+
+    def parts(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in self.FIELDS if getattr(self, name) is not None}
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     def take(self, rows: Tensor) -> Shard:
         rows = rows.to(self.tokens.device)
-        return Shard(self.tokens[rows], self.features[rows], self.lead[rows])
+        return Shard(**{name: value[rows] for name, value in self.parts().items()})
 
     def to(self, device: torch.device | str) -> Shard:
-        return Shard(self.tokens.to(device), self.features.to(device), self.lead.to(device))
+        return Shard(**{name: value.to(device) for name, value in self.parts().items()})
 
     @staticmethod
     def cat(shards: Sequence[Shard]) -> Shard:
         if len(shards) == 1:
             return shards[0]
-        return Shard(*(torch.cat([getattr(s, name) for s in shards]) for name in ("tokens", "features", "lead")))
+        return Shard(**{name: torch.cat([s.parts()[name] for s in shards]) for name in shards[0].parts()})
 
     def save(self, path: Path) -> None:
         """Write atomically (a half-written shard never looks finished)."""
         temporary = path.with_suffix(".tmp")
-        save_file({"tokens": self.tokens.contiguous().cpu(), "features": self.features.contiguous().cpu(),
-                   "lead": self.lead.contiguous().cpu()}, temporary)
+        save_file({name: value.contiguous().cpu() for name, value in self.parts().items()}, temporary)
         temporary.replace(path)
 
     @staticmethod
     def load(path: Path) -> Shard:
-        state = load_file(path)
-        return Shard(state["tokens"], state["features"], state["lead"])
+        return Shard(**load_file(path))
 
 
-def bytes_per_image(target: Target, dim: int, dtype: torch.dtype) -> int:
-    """Memory one self-distilled image takes (features and lead inputs of both rows, and its tokens)."""
+def bytes_per_image(target: Target, dim: int, dtype: torch.dtype, taps: int = 0) -> int:
+    """Memory one self-distilled image takes (features, lead inputs and ``taps`` tapped layers of both rows,
+    and its tokens)."""
     p, n = target.prefix_length, target.image_tokens
-    return 2 * (p + n - 1 + p - 1) * dim * torch.finfo(dtype).bits // 8 + 8 * n
+    return 2 * ((1 + taps) * (p + n - 1) + p - 1) * dim * torch.finfo(dtype).bits // 8 + 8 * n
 
 
 # --- conditions ----------------------------------------------------------------------------------------------
@@ -113,12 +120,13 @@ def generate_shard(target: Target, drafter: Drafter, conditions: Sequence[Any], 
     """Sample one image per condition, all in one batched AR loop with the target's KV cache, and keep the
     features the loop computes (they are the teacher-forced features of the sampled tokens). Both CFG rows are
     always run, so the unconditional features exist even when the model samples without guidance."""
-    p, n, device = target.prefix_length, target.image_tokens, target.device
+    p, n, device, taps = target.prefix_length, target.image_tokens, target.device, drafter.target_layers
     embeds, valid = batch_prefix(target, conditions)
     cache = target.new_cache(embeds.shape[0], p + n)
-    hidden = target(embeds, torch.arange(p, device=device), cache, 0, causal(p, device), valid)
+    hidden, tapped = with_taps(target(embeds, torch.arange(p, device=device), cache, 0, causal(p, device), valid,
+                                      taps=taps))
     cache.commit(list(range(p)))
-    features, tokens = [hidden], []
+    features, tapped_features, tokens = [hidden], [tapped], []
     for i in range(n):
         allowed = allowed_tokens(target, torch.tensor([i], device=target.device))  # spec section 8
         probs = probabilities(target.logits(features[-1][:, -1]).unflatten(0, (2, -1)), sampling,
@@ -128,10 +136,18 @@ def generate_shard(target: Target, drafter: Drafter, conditions: Sequence[Any], 
         if i == n - 1:
             break
         step = target.embed(token).repeat(2, 1)[:, None]
-        features.append(target(step, torch.tensor([p + i], device=device), cache, 0))
+        hidden, tapped = with_taps(target(step, torch.tensor([p + i], device=device), cache, 0, taps=taps))
+        features.append(hidden)
+        tapped_features.append(tapped)
         cache.commit([0])
     lead = drafter.lead_inputs(embeds)
-    return Shard(torch.stack(tokens, 1), by_image(torch.cat(features, 1)), by_image(lead.to(hidden.dtype)))
+    return Shard(torch.stack(tokens, 1), by_image(torch.cat(features, 1)), by_image(lead.to(hidden.dtype)),
+                 by_image(torch.cat(tapped_features, 1)) if taps else None)
+
+
+def with_taps(output: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """A target forward's output as (features, taps or None)."""
+    return output if isinstance(output, tuple) else (output, None)
 
 
 # --- storage and batch order -----------------------------------------------------------------------------------
@@ -241,8 +257,10 @@ def teacher_forced_shard(target: Target, drafter: Drafter, conditions: Sequence[
     inputs = torch.cat([embeds, target.embed(tokens[:, :-1]).repeat(2, 1, 1)], 1)
     if valid is not None:
         valid = torch.cat([valid, torch.ones(valid.shape[0], n - 1, dtype=torch.bool, device=device)], 1)
-    hidden = target(inputs, torch.arange(p + n - 1, device=device), valid=valid)
-    return Shard(tokens, by_image(hidden), by_image(drafter.lead_inputs(embeds).to(hidden.dtype)))
+    taps = drafter.target_layers
+    hidden, tapped = with_taps(target(inputs, torch.arange(p + n - 1, device=device), valid=valid, taps=taps))
+    return Shard(tokens, by_image(hidden), by_image(drafter.lead_inputs(embeds).to(hidden.dtype)),
+                 by_image(tapped) if taps else None)
 
 
 def make_data(bundle: Any, drafter: Drafter, images: int, per_shard: int, seed: int, folder: Path | None,

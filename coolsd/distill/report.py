@@ -26,6 +26,7 @@ from ..core.sampling import SamplingConfig, probabilities
 from ..core.trees import parse_draft
 from ..models.registry import EXAMPLE_PROMPTS
 from .data import Shard, causal, encode_conditions
+from .objective import level_mask
 
 REPORT_DRAFTS = ("chain:5", "tree:eagle25")
 AGREEMENT_DEPTH = 5
@@ -48,20 +49,9 @@ def mean_tau(target: Target, drafter: Drafter, conditions: Sequence[Any], draft:
     return float(np.mean(taus))
 
 
-def level_mask(slots: int, level: int, device: torch.device) -> Tensor:
-    """Pending-area mask (slots, level * slots) of draft level ``level`` >= 2 in :func:`agreement_by_depth`:
-    node ``s`` sees the true slots up to ``s``, its own nodes at the earlier levels, and itself."""
-    index = torch.arange(slots, device=device)
-    mask = torch.zeros(slots, level * slots, dtype=torch.bool, device=device)
-    mask[:, :slots] = index[None, :] <= index[:, None]
-    for earlier in range(1, level):
-        mask[index, earlier * slots + index] = True
-    return mask
-
-
-def guided_top1(target: Target, features: Tensor, sampling: SamplingConfig) -> Tensor:
-    """Most likely token of the guided distribution, (2B, T, dim) rows (conditional first) -> (B, T)."""
-    return probabilities(target.logits(features).unflatten(0, (2, -1)), sampling).argmax(-1)
+def guided_top1(logits: Tensor, sampling: SamplingConfig) -> Tensor:
+    """Most likely token of the guided distribution, (2B, T, V) logits (conditional rows first) -> (B, T)."""
+    return probabilities(logits.unflatten(0, (2, -1)), sampling).argmax(-1)
 
 
 def as_rows(per_image: Tensor) -> Tensor:
@@ -78,10 +68,11 @@ def agreement_counts(target: Target, drafter: Drafter, shard: Shard, sampling: S
     features, lead = as_rows(shard.features), as_rows(shard.lead)
     tokens = shard.tokens.repeat(2, 1)
     inputs = torch.cat([lead, drafter.embed(tokens[:, :-1]).to(lead.dtype)], dim=1)  # slot s: the input at s + 1
-    wanted = guided_top1(target, features, sampling)  # (B, P + N - 1): the target's choice after position t
+    wanted = guided_top1(target.logits(features), sampling)  # (B, P + N - 1): the target's choice after position t
     cache = drafter.new_cache(features.shape[0], slots * depth)
     index = torch.arange(slots, device=device)
-    predicted = drafter(inputs, features[:, :slots], index, cache, 0, causal(slots, device))
+    read = as_rows(shard.taps) if drafter.target_layers else features  # what the drafter reads of the target
+    predicted = drafter(inputs, read[:, :slots], index, cache, 0, causal(slots, device))
     agree, compared = np.zeros(depth), np.zeros(depth)
     for level in range(1, depth + 1):
         if level > 1:
@@ -91,7 +82,7 @@ def agreement_counts(target: Target, drafter: Drafter, shard: Shard, sampling: S
         start, stop = p - 1, slots + 1 - level  # slots s with s + level <= P + N - 2
         if stop <= start:
             continue
-        drafted = guided_top1(target, predicted[:, start:stop], sampling)
+        drafted = guided_top1(drafter.logits(predicted[:, start:stop], target.logits), sampling)
         agree[level - 1] += float((drafted == wanted[:, start + level:stop + level]).sum())
         compared[level - 1] += drafted.numel()
     return agree, compared
@@ -127,11 +118,23 @@ def quality_rows(name: str, measured: dict) -> list[str]:
 def model_card(record: dict) -> str:
     """The drafter's README.md: what it is, how it was trained, and its measured quality."""
     settings, report = record["settings"], record["quality"]
-    kind = ("our Eagle-1 head (`coolsd.models.eagle.Drafter`)" if record["format"] == "eagle"
-            else "LANTERN's Eagle-1 drafter layout (`coolsd.models.lantern.LanternDrafter`)")
+    eagle3 = record["format"] == "eagle3"
+    kind = {"eagle": "our Eagle-1 head (`coolsd.models.eagle.Drafter`)",
+            "eagle3": f"our EAGLE-3 head (`coolsd.models.eagle.Eagle3Drafter`), reading target layers "
+                      f"{', '.join(map(str, record.get('taps', [])))}",
+            }.get(record["format"], "LANTERN's Eagle-1 drafter layout (`coolsd.models.lantern.LanternDrafter`)")
     depths = " | ".join(f"agree@{d}" for d in range(1, AGREEMENT_DEPTH + 1))
+    objective = (f"* Objective: EAGLE-3's training-time test over {settings['ttt_steps']} steps (step k reads "
+                 "its own step k - 1 prediction, attending as a chain draft's depth-k node), soft cross-entropy "
+                 f"against the target's distribution only, step k weighted 0.8^k; input taps + "
+                 f"U(-{settings['noise']}, {settings['noise']}) noise; {settings['unconditional']:.0%} of rows "
+                 "unconditional; target and head frozen." if eagle3 else
+                 f"* Objective: SmoothL1 on the next feature + {settings['ce_weight']} x soft cross-entropy against "
+                 f"the target head's distribution on the true next feature; input features + "
+                 f"U(-{settings['noise']}, {settings['noise']}) noise; {settings['unconditional']:.0%} of rows "
+                 "unconditional; target and head frozen.")
     lines = [
-        f"# Eagle-1 drafter for {record['target']}",
+        f"# {'EAGLE-3' if eagle3 else 'Eagle-1'} drafter for {record['target']}",
         "",
         f"A self-distilled drafter in {kind}, trained by `coolsd.train drafter`. Use it with "
         "`python -m coolsd.generate --model <this directory>` or `coolsd.load_bundle(<this directory>)`.",
@@ -143,7 +146,8 @@ def model_card(record: dict) -> str:
         f"| drafter | tau {' | tau '.join(REPORT_DRAFTS)} | {depths} |",
         "|---" * (1 + len(REPORT_DRAFTS) + AGREEMENT_DEPTH) + "|",
         *quality_rows("this drafter", report["new"]),
-        *(quality_rows("the model's previous drafter", report["existing"]) if "existing" in report else []),
+        *(quality_rows("the model's Eagle-1 drafter" if eagle3 else "the model's previous drafter",
+                       report["existing"]) if "existing" in report else []),
         "",
         "* `tau`: mean over images of the mean accepted length (accepted drafts + 1 per target forward, the prefill "
         "counted as a round). Image `i` uses class `i mod C` (or the `i`-th example prompt) and seed `i`.",
@@ -155,10 +159,9 @@ def model_card(record: dict) -> str:
         "## Training",
         "",
         f"* Data: {settings['images']} images the target sampled itself (its own sampling settings, both CFG rows), "
-        f"its final-normed features recorded ({'in memory' if record['data_in_memory'] else 'in shards on disk'}).",
-        f"* Objective: SmoothL1 on the next feature + {settings['ce_weight']} x soft cross-entropy against the "
-        f"target head's distribution on the true next feature; input features + U(-{settings['noise']}, "
-        f"{settings['noise']}) noise; {settings['unconditional']:.0%} of rows unconditional; target and head frozen.",
+        f"its final-normed features{' and the inputs of the tapped layers' if eagle3 else ''} recorded "
+        f"({'in memory' if record['data_in_memory'] else 'in shards on disk'}).",
+        objective,
         f"* Optimiser: AdamW (betas 0.9, 0.95, weight decay {settings['weight_decay']}), peak lr {settings['lr']}, "
         f"linear warm-up over {settings['warmup']:.0%} of the steps then cosine decay to 0, gradients clipped at "
         f"{settings['grad_clip']} (by value); {settings['epochs']} epochs of batches of {settings['batch']} = "

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from ..models.bundle import Bundle
 from .data import BatchPlan, ShardStore, bytes_per_image, check_folder, make_data
 from .heads import new_drafter, trainable
-from .objective import step_loss
+from .objective import training_loss
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class TrainConfig:
     gen_batch: int = 64
     memory_gb: float = 4.0
     checkpoint_every: int = 200
+    kind: str = "eagle1"  # eagle1, or eagle3 (training-time test over ttt_steps steps, reading target layers taps)
+    ttt_steps: int = 5
+    taps: tuple[int, ...] = ()  # EAGLE-3's target layers (empty: EAGLE-3's choice, 2, n // 2, n - 3)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -79,8 +82,9 @@ def identity(config: TrainConfig) -> dict:
     return {k: v for k, v in asdict(config).items() if k not in ("memory_gb", "checkpoint_every")}
 
 
-def data_in_memory(bundle: Bundle, config: TrainConfig) -> bool:
-    size = config.images * bytes_per_image(bundle.target, bundle.config.dim, bundle.target.output.weight.dtype)
+def data_in_memory(bundle: Bundle, config: TrainConfig, taps: int = 0) -> bool:
+    """Whether the self-distilled set (with ``taps`` tapped layers) fits ``memory_gb``."""
+    size = config.images * bytes_per_image(bundle.target, bundle.config.dim, bundle.target.output.weight.dtype, taps)
     return size <= config.memory_gb * 2**30
 
 
@@ -130,10 +134,12 @@ class Checkpoint:
 def prepare_data(bundle: Bundle, drafter: nn.Module, config: TrainConfig, work: Path, prompts: list[str] | None,
                  progress: bool, given: tuple[list, torch.Tensor] | None = None) -> ShardStore:
     """The training set: in memory when it fits ``memory_gb``, else shards in ``work/shards``."""
-    folder = None if data_in_memory(bundle, config) else work / "shards"
+    taps = list(drafter.target_layers)
+    folder = None if data_in_memory(bundle, config, len(taps)) else work / "shards"
     if folder is not None:
         check_folder(folder, {**config.data_settings(), "model": bundle.name, "sampling": bundle.sampling.to_dict(),
-                              "prompts": len(prompts or []), "given": given is not None})
+                              "prompts": len(prompts or []), "given": given is not None,
+                              **({"taps": taps} if taps else {})})
     return make_data(bundle, drafter, config.images, config.gen_batch, config.seed, folder, prompts, progress, given)
 
 
@@ -148,7 +154,7 @@ def train_drafter(bundle: Bundle, config: TrainConfig, work: Path, prompts: list
     target, device = bundle.target.eval().requires_grad_(False), bundle.device
     if given is not None and len(given[1]) != config.images:
         raise ValueError(f"given {len(given[1])} images, but the config says images={config.images}")
-    drafter = new_drafter(bundle, config.seed)
+    drafter = new_drafter(bundle, config.seed, config.kind, config.taps)
     started = time.perf_counter()
     store = prepare_data(bundle, drafter, config, work, prompts, progress, given)
     seconds = {"data": time.perf_counter() - started}
@@ -165,8 +171,7 @@ def train_drafter(bundle: Bundle, config: TrainConfig, work: Path, prompts: list
     while step < config.steps and (stop_after is None or step < stop_after):
         batch = store.gather(plan.items(step))
         with autocast(device):
-            loss, _ = step_loss(drafter, target.logits, batch, target.prefix_length, generator, config.noise,
-                                config.unconditional, config.ce_weight)
+            loss, _ = training_loss(drafter, target.logits, batch, target.prefix_length, generator, config)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_value_(trainable(drafter), config.grad_clip)

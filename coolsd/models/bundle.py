@@ -24,7 +24,7 @@ from ..core.rules import nearest_codes
 from ..core.sampling import SamplingConfig
 from .config import CONFIGS, RANDOM_INIT_SIZES, ModelConfig
 from .decoders import CodebookShade
-from .eagle import Drafter
+from .eagle import Drafter, Eagle3Drafter
 from .gpt import Transformer
 from .registry import HUB, assets_dir, class_names, model_config, model_file, read_spec, resolve
 from .steps import unwrapped, with_steps
@@ -118,13 +118,17 @@ class Bundle:
     text_encoder: Callable[[list[str]], list] | None = None  # prompts -> Caption conditions (text models)
     path: Path | None = None  # the directory it was loaded from (None: built in memory)
     steps: str = "eager"  # how target and drafter steps run (coolsd.models.steps.MODES)
+    # every drafter the model carries, by name (DRAFTER_NAMES); ``drafter`` is the one decoding uses
+    drafters: dict[str, Drafter] = field(default_factory=dict)
     _neighbours: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.class_names:
             self.class_names = [f"class {i}" for i in range(self.target.config.num_classes)]
-        if self.drafter is not None:
-            self.drafter.share_embedding(self.target)
+        if self.drafter is not None and not self.drafters:
+            self.drafters = {drafter_name(self.drafter): self.drafter}
+        for drafter in self.drafters.values():
+            drafter.share_embedding(self.target)
         if self.decoder is None:
             self.decoder = CodebookShade(self.codebook, self.config.grid_height, self.config.grid_width)
 
@@ -164,7 +168,7 @@ class Bundle:
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Bundle":
         """Move the models (``dtype`` applies to target and drafter, e.g. bf16 on CUDA) and the decoder; on a
         CPU their weight matrices take the layout its matrix multiplies read fastest (:func:`cpu_layout`)."""
-        for module in (self.target, self.drafter):
+        for module in (self.target, self.drafter, *self.drafters.values()):
             if module is not None:
                 module.to(device=device, dtype=dtype)
                 if torch.device(device).type == "cpu":
@@ -183,8 +187,25 @@ class Bundle:
         """The same models run as ``mode`` says (static caches, CUDA graphs, compiled); the weights are shared."""
         if mode == self.steps:
             return self
-        target, drafter = with_steps(unwrapped(self.target), unwrapped(self.drafter), mode)
-        return replace(self, target=target, drafter=drafter, steps=mode)
+        names = list(self.drafters)
+        target, drafters = with_steps(unwrapped(self.target), [unwrapped(self.drafters[n]) for n in names], mode)
+        drafters = dict(zip(names, drafters))
+        active = drafters.get(self.drafter_name) if self.drafter is not None else None
+        return replace(self, target=target, drafter=active, drafters=drafters, steps=mode)
+
+    @property
+    def drafter_name(self) -> str | None:
+        """The name of the drafter decoding uses (None without one)."""
+        return next((name for name, d in self.drafters.items() if d is self.drafter), None)
+
+    def with_drafter(self, name: str | None) -> "Bundle":
+        """The same model drafting with its drafter ``name`` (None: as it is); a one-line error for one it lacks."""
+        if name is None or name == self.drafter_name:
+            return self
+        if name not in self.drafters:
+            have = ", ".join(self.drafters) or "none"
+            raise ValueError(f"this model has no {name} drafter (it has: {have})")
+        return replace(self, drafter=self.drafters[name])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -270,8 +291,11 @@ def load_chameleon_json(spec: dict, path: Path, device: str | None = None, dtype
     target = load_chameleon(model_dir, int(spec.get("image_size", 768)), spec.get("layout", "lumina"),
                             int(spec.get("prefix_slots", 256)), device, dtype)
     config = target.config
-    drafter = load_chameleon_drafter(resolve(spec["drafter"], base, True), config, target.lm_head.weight.dtype) \
-        if spec.get("drafter") else None
+    drafters = {"eagle1": load_chameleon_drafter(resolve(spec["drafter"], base, True), config,
+                                                 target.lm_head.weight.dtype)} if spec.get("drafter") else {}
+    if spec.get("eagle3"):
+        drafters["eagle3"] = load_eagle3_folder(resolve(spec["eagle3"], base, True), config)
+    drafter = next(iter(drafters.values()), None)
     vocabulary = read_vocabulary(model_dir, json.loads((model_dir / "config.json").read_text()))
     image = ChameleonImage(load_vqgan(resolve(spec["vqgan"], base), resolve(spec["vqgan_config"], base)), config,
                            image_ids(vocabulary))
@@ -279,7 +303,7 @@ def load_chameleon_json(spec: dict, path: Path, device: str | None = None, dtype
                                                                                       str(config.image_size))
     bundle = Bundle(target, drafter, image.codebook, name=spec.get("name", base.name), class_names=[],
                     sampling=SamplingConfig(**spec.get("sampling", {})), decoder=image, info=spec, path=base,
-                    text_encoder=PromptEncoder(load_tokenizer(model_dir), config, template))
+                    text_encoder=PromptEncoder(load_tokenizer(model_dir), config, template), drafters=drafters)
     return bundle.to(device)
 
 
@@ -295,7 +319,11 @@ def load_model_json(path: Path, device: str | None = None, dtype: torch.dtype | 
     spec, base = read_spec(path), path.parent
     config = model_config(spec)
     target = load_llamagen_gpt(resolve(spec["gpt"], base), spec["model_args"])
-    drafter = load_lantern_drafter(resolve(spec["drafter"], base, True), config) if spec.get("drafter") else None
+    drafters = {"eagle1": load_lantern_drafter(resolve(spec["drafter"], base, True), config)} \
+        if spec.get("drafter") else {}
+    if spec.get("eagle3"):
+        drafters["eagle3"] = load_eagle3_folder(resolve(spec["eagle3"], base, True), config)
+    drafter = next(iter(drafters.values()), None)
     image = load_vq16(resolve(spec["vq"], base), spec["vq_args"], (config.grid_height, config.grid_width))
     text_encoder = None
     if config.text_conditioned and spec.get("t5"):
@@ -306,8 +334,29 @@ def load_model_json(path: Path, device: str | None = None, dtype: torch.dtype | 
     bundle = Bundle(target, drafter, image.codebook, name=spec.get("name", path.parent.name if path.name ==
                                                                    "model.json" else path.stem),
                     class_names=class_names(spec, config), sampling=SamplingConfig(**spec.get("sampling", {})),
-                    decoder=image, info=spec, path=path.parent, text_encoder=text_encoder)
+                    decoder=image, info=spec, path=path.parent, text_encoder=text_encoder, drafters=drafters)
     return bundle.to(pick_device(device))
+
+
+def load_eagle3_folder(folder: Path, config: Any) -> nn.Module:
+    """An EAGLE-3 drafter directory as the trainer writes it: ``config.json`` (its taps), ``model.safetensors``;
+    the Chameleon variant for a Chameleon target's config."""
+    from .chameleon import ChameleonConfig
+    from .chameleon_drafter import ChameleonEagle3Drafter
+    meta = json.loads((folder / "config.json").read_text())
+    kind = ChameleonEagle3Drafter if isinstance(config, ChameleonConfig) else Eagle3Drafter
+    drafter = kind(config, meta.get("taps"))
+    load_model(drafter, folder / "model.safetensors")
+    return drafter.eval()
+
+
+EAGLE3_FILE = "eagle3.safetensors"  # a bundle directory's EAGLE-3 drafter; config.json "eagle3" has its taps
+DRAFTER_NAMES = {"eagle1": "Eagle-1", "eagle3": "EAGLE-3"}  # a drafter's name -> how the app and tables say it
+
+
+def drafter_name(drafter: Drafter) -> str:
+    """``eagle3`` for a drafter that reads target layers, else ``eagle1``."""
+    return "eagle3" if getattr(drafter, "target_layers", ()) else "eagle1"
 
 
 def load_bundle(path: str | Path | None = None, device: str | None = None, dtype: torch.dtype | None = None) -> Bundle:
@@ -324,14 +373,18 @@ def load_bundle(path: str | Path | None = None, device: str | None = None, dtype
     cfg = ModelConfig(**meta["model"])
     target = Transformer(cfg)
     load_model(target, path / "target.safetensors")
-    drafter = None
+    drafters = {}
     if (path / "drafter.safetensors").exists():
-        drafter = Drafter(cfg)
-        load_model(drafter, path / "drafter.safetensors")
+        drafters["eagle1"] = Drafter(cfg)
+        load_model(drafters["eagle1"], path / "drafter.safetensors")
+    if (path / EAGLE3_FILE).exists():
+        drafters["eagle3"] = Eagle3Drafter(cfg, meta.get("eagle3", {}).get("taps"))
+        load_model(drafters["eagle3"], path / EAGLE3_FILE)
     codebook = load_file(path / "codebook.safetensors")["codebook"]
-    bundle = Bundle(target.eval(), drafter.eval() if drafter else None, codebook, name=meta.get("name", path.name),
+    drafters = {name: drafter.eval() for name, drafter in drafters.items()}
+    bundle = Bundle(target.eval(), next(iter(drafters.values()), None), codebook, name=meta.get("name", path.name),
                     class_names=meta.get("class_names", []), sampling=SamplingConfig(**meta.get("sampling", {})),
-                    info=meta, path=path, **load_extras(path, cfg))
+                    info=meta, path=path, drafters=drafters, **load_extras(path, cfg))
     device = pick_device(device)
     if dtype is None and device.type == "cuda":
         dtype = torch.bfloat16

@@ -249,12 +249,13 @@ class Rotary:
 
 
 class ChameleonAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, norm_rows: int) -> None:
+    def __init__(self, dim: int, heads: int, norm_rows: int, in_dim: int | None = None) -> None:
+        """``in_dim``: the input's width (default ``dim``; an EAGLE-3 head reads two features side by side)."""
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
-        self.q_proj = nn.Linear(dim, dim, bias=False)
-        self.k_proj = nn.Linear(dim, dim, bias=False)
-        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.q_proj = nn.Linear(in_dim or dim, dim, bias=False)
+        self.k_proj = nn.Linear(in_dim or dim, dim, bias=False)
+        self.v_proj = nn.Linear(in_dim or dim, dim, bias=False)
         self.o_proj = nn.Linear(dim, dim, bias=False)
         self.q_norm = HeadNorm(norm_rows, heads, self.head_dim)
         self.k_norm = HeadNorm(norm_rows, heads, self.head_dim)
@@ -354,19 +355,26 @@ class ChameleonTarget(nn.Module):
         return kv_cache(cfg.n_layer, rows, cfg.n_head, cfg.head_dim, max_len, p.device, p.dtype, images)
 
     def forward(self, x: Tensor, positions: Tensor, cache: KVCache | None = None, offset: int = 0,
-                mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
+                mask: Tensor | None = None, valid: Tensor | None = None,
+                taps: tuple[int, ...] = ()) -> Tensor | tuple[Tensor, Tensor]:
         """Embedded inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) -> final-normed features, zero at
         padding slots (``valid`` False). As :class:`coolsd.models.gpt.Transformer`: causal without a cache,
-        ``mask`` over the pending area with one; ``valid`` is remembered by the cache."""
+        ``mask`` over the pending area with one; ``valid`` is remembered by the cache; ``taps`` also returns
+        those layers' inputs, concatenated (zero at padding slots too)."""
         if cache is not None and valid is not None:
             cache.mark_valid(valid, offset)
         pads = padding_counts(cache, valid, x.shape[0], x.device, self.config.prefix_length)
         rope = self.rope(shifted(positions, pads), x.dtype)
         full_mask = additive(attention_mask(cache, mask, x.shape[1], valid, offset), x.dtype)
+        tapped = []
         for layer, block in enumerate(self.model.layers):
+            if layer in taps:
+                tapped.append(x)
             x = block(x, rope, cache, layer, offset, full_mask)
-        x = self.model.norm(x)
-        return x if valid is None else x * valid[..., None].to(x.dtype)
+        outputs = [self.model.norm(x), *([torch.cat(tapped, -1)] if taps else [])]
+        if valid is not None:
+            outputs = [out * valid[..., None].to(out.dtype) for out in outputs]
+        return tuple(outputs) if taps else outputs[0]
 
     def logits(self, features: Tensor) -> Tensor:
         """float32 logits over the whole vocabulary (no text-generation masking of image tokens)."""

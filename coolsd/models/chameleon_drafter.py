@@ -24,12 +24,15 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from typing import Callable, Sequence
+
 import torch
 from torch import Tensor, nn
 
 from .cache import KVCache, hide_invalid_keys, kv_cache
-from .chameleon import ChameleonConfig, ChameleonLayer, Rotary, shifted
-from .gpt import additive, attention_mask
+from .chameleon import ChameleonAttention, ChameleonConfig, ChameleonLayer, ChameleonMLP, Rotary, shifted
+from .eagle import check_taps, fused_layer
+from .gpt import RMSNorm, additive, attention_mask
 from .lantern import load_strictly, read_weights
 
 
@@ -109,6 +112,12 @@ class ChameleonDrafter(nn.Module):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.bias)
         self.rope = Rotary(config.hidden_size // heads, config.rope_theta)
 
+    target_layers: tuple[int, ...] = ()  # it reads the target's final-normed features
+
+    def logits(self, features: Tensor, head: Callable[[Tensor], Tensor]) -> Tensor:
+        """Draft logits: the target's ``head`` on the predicted features."""
+        return head(features)
+
     def share_embedding(self, target: nn.Module) -> "ChameleonDrafter":
         """A no-op: the drafter embeds with its own table (present because Bundle offers every drafter its
         target's)."""
@@ -132,22 +141,70 @@ class ChameleonDrafter(nn.Module):
                 offset: int = 0, mask: Tensor | None = None) -> Tensor:
         """As :class:`coolsd.models.lantern.LanternDrafter`: causal without a cache (or ``mask`` (T, T)); with
         one, every committed entry plus ``mask`` over the pending area. Slots with zero features are padding."""
-        valid = feature_validity(features)
         x = self.fc(torch.cat([inputs.to(features.dtype), features], dim=-1))
-        if cache is not None:
-            cache.mark_valid(valid, offset)
-            pads = (~cache.valid[:, :self.target_config.prefix_length]).sum(-1)  # padding is in the prefix only
-            full_mask = attention_mask(cache, mask, x.shape[1], offset=offset)
-        else:
-            pads = (~valid).sum(-1)
-            base = mask if mask is not None else torch.ones(x.shape[1], x.shape[1], dtype=torch.bool,
-                                                             device=x.device).tril()
-            full_mask = hide_invalid_keys(base, valid, x.shape[1])
-        rope = self.rope(shifted(positions, pads), x.dtype)
-        full_mask = additive(full_mask, x.dtype)
+        rope, full_mask = padded_attention(self, features, positions, cache, offset, mask)
         for index, layer in enumerate(self.layers):
             x = layer(x, rope, cache, index, offset, full_mask)
         return x
+
+
+def padded_attention(drafter: nn.Module, features: Tensor, positions: Tensor, cache: KVCache | None, offset: int,
+                     mask: Tensor | None) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    """A Chameleon drafter's rotations and additive mask for slots whose zero ``features`` mark padding (LANTERN's
+    rule): each row's positions shifted by its padding count, padding keys hidden (with a cache, remembered
+    by it), causal without a cache unless ``mask`` (T, T) is given."""
+    valid, length = feature_validity(features), features.shape[1]
+    if cache is not None:
+        cache.mark_valid(valid, offset)
+        pads = (~cache.valid[:, :drafter.target_config.prefix_length]).sum(-1)  # padding is in the prefix only
+        full_mask = attention_mask(cache, mask, length, offset=offset)
+    else:
+        pads = (~valid).sum(-1)
+        base = mask if mask is not None else torch.ones(length, length, dtype=torch.bool,
+                                                         device=features.device).tril()
+        full_mask = hide_invalid_keys(base, valid, length)
+    dtype = drafter.fc.weight.dtype
+    return drafter.rope(shifted(positions, pads), dtype), additive(full_mask, dtype)
+
+
+class ChameleonEagle3Drafter(nn.Module):
+    """EAGLE-3 for a Chameleon target (:class:`coolsd.models.eagle.Eagle3Drafter`'s layout, with the target's
+    attention: q/k norms, rotate-half RoPE shifted by each row's padding, padding slots the zero features):
+    its own token table (a frozen copy of the target's, as LANTERN's drafters have), ``fc`` over the taps,
+    one fused layer, its own ``norm`` before the target's head."""
+
+    padding_from_zero_features = True
+
+    def __init__(self, target: ChameleonConfig, taps: Sequence[int] | None = None) -> None:
+        super().__init__()
+        dim, heads = target.dim, target.n_head
+        self.config = self.target_config = target
+        self.target_layers = check_taps(taps, target.n_layer)
+        self.embed_tokens = nn.Embedding(target.vocab_size, dim)
+        self.fc = nn.Linear(len(self.target_layers) * dim, dim, bias=False)
+        self.input_norm, self.hidden_norm = RMSNorm(dim, target.norm_eps), RMSNorm(dim, target.norm_eps)
+        self.attention = ChameleonAttention(dim, heads, target.qk_norm_rows, in_dim=2 * dim)
+        self.ffn_norm, self.feed_forward = RMSNorm(dim, target.norm_eps), ChameleonMLP(dim, target.ffn_dim)
+        self.norm = RMSNorm(dim, target.norm_eps)
+        self.rope = Rotary(dim // heads, target.rope_theta)
+
+    share_embedding = ChameleonDrafter.share_embedding
+    embed = ChameleonDrafter.embed
+    lead_inputs = ChameleonDrafter.lead_inputs
+
+    def new_cache(self, rows: int, max_len: int, images: int = 1) -> KVCache:
+        p, heads = self.fc.weight, self.target_config.n_head
+        return kv_cache(1, rows, heads, self.target_config.dim // heads, max_len, p.device, p.dtype, images)
+
+    def forward(self, inputs: Tensor, features: Tensor, positions: Tensor, cache: KVCache | None = None,
+                offset: int = 0, mask: Tensor | None = None) -> Tensor:
+        """Target taps (k * dim wide, zero at padding) or its own features (dim), as Eagle3Drafter's."""
+        rope, full_mask = padded_attention(self, features, positions, cache, offset, mask)
+        return fused_layer(self, inputs.to(self.fc.weight.dtype), features,
+                           lambda x: self.attention(x, rope, cache, 0, offset, full_mask))
+
+    def logits(self, features: Tensor, head: Callable[[Tensor], Tensor]) -> Tensor:
+        return head(self.norm(features))
 
 
 def load_chameleon_drafter(directory: str | Path, target: ChameleonConfig,
@@ -176,4 +233,5 @@ def save_chameleon_drafter(drafter: ChameleonDrafter, folder: Path) -> None:
     torch.save(state, folder / "pytorch_model.bin")
 
 
-__all__ = ["ChameleonDrafter", "DrafterConfig", "load_chameleon_drafter", "save_chameleon_drafter"]
+__all__ = ["ChameleonDrafter", "ChameleonEagle3Drafter", "DrafterConfig", "load_chameleon_drafter",
+           "save_chameleon_drafter"]

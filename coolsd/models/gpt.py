@@ -123,10 +123,12 @@ class FeedForward(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, in_dim: int | None = None) -> None:
+        """``in_dim``: the width of the input (default the model's; EAGLE-3's layer reads two features side by
+        side)."""
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
-        self.wqkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.wqkv = nn.Linear(in_dim or cfg.dim, 3 * cfg.dim, bias=False)
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor, Tensor], cache: KVCache | None, layer: int, offset: int,
@@ -268,8 +270,11 @@ class Transformer(nn.Module):
                         images)
 
     def forward(self, x: Tensor, positions: Tensor, cache: KVCache | None = None, offset: int = 0,
-                mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
-        """Embedded inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) -> final-normed features.
+                mask: Tensor | None = None, valid: Tensor | None = None,
+                taps: tuple[int, ...] = ()) -> Tensor | tuple[Tensor, Tensor]:
+        """Embedded inputs ``x`` (rows, T, dim) at sequence ``positions`` (T,) -> final-normed features; with
+        ``taps`` (layer indices, for an EAGLE-3 drafter), also the inputs of those layers concatenated in layer
+        order (rows, T, len(taps) * dim).
 
         Without a cache the attention is causal over ``x`` (training, reference). With one, ``mask`` is the
         pending-area mask of :func:`attention_mask`. ``valid`` (rows, T): which new positions are real keys
@@ -279,9 +284,12 @@ class Transformer(nn.Module):
             cache.mark_valid(valid, offset)
         rope = self.rope(positions, inner_dims=2)  # queries and keys together: (rows, T, 2, H, D)
         full_mask = additive(attention_mask(cache, mask, x.shape[1], valid, offset), x.dtype)
+        tapped = []
         for layer, block in enumerate(self.layers):
+            if layer in taps:
+                tapped.append(x)
             x = block(x, rope, cache, layer, offset, full_mask)
-        return self.norm(x)
+        return (self.norm(x), torch.cat(tapped, -1)) if taps else self.norm(x)
 
     def logits(self, features: Tensor) -> Tensor:
         """float32 logits, as LlamaGen returns them."""

@@ -31,6 +31,8 @@ import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -196,6 +198,12 @@ class LanternDrafter(nn.Module):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.bias)
         self.rope = lantern_rope(target)
         self.apply(init_weights)
+
+    target_layers: tuple[int, ...] = ()  # it reads the target's final-normed features
+
+    def logits(self, features: Tensor, head: Callable[[Tensor], Tensor]) -> Tensor:
+        """Draft logits: the target's ``head`` on the predicted features."""
+        return head(features)
 
     def share_embedding(self, target: nn.Module) -> LanternDrafter:
         """A no-op: LANTERN's drafter embeds tokens with its own ``embed_tokens`` table (spec section 7: in the

@@ -12,6 +12,8 @@ it sees a Target or Drafter (:mod:`coolsd.core.interface`).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -53,14 +55,15 @@ class Steps:
                                              plain.keys.dtype, images)
         return self.caches[key].reset()
 
-    def __call__(self, *args) -> Tensor:
-        """The model's forward with the positional arguments of its interface (the cache among them)."""
-        return self.model(*args)
+    def __call__(self, *args, **options) -> Tensor:
+        """The model's forward with the arguments of its interface (the cache among them)."""
+        return self.model(*args, **options)
 
 
-def with_steps(target: nn.Module, drafter: nn.Module | None, mode: str) -> tuple[Any, Any]:
-    """Target and drafter run as ``mode`` (one of MODES) asks; ``eager`` returns them unchanged. Both share one
-    phase runner (on CUDA with graphs: :class:`coolsd.core.graphs.CudaGraphPhases`)."""
+def with_steps(target: nn.Module, drafter: "nn.Module | list[nn.Module] | None", mode: str) -> tuple[Any, Any]:
+    """Target and drafter (or a list of drafters, each wrapped) run as ``mode`` (one of MODES) asks; ``eager``
+    returns them unchanged. All share one phase runner (on CUDA with graphs:
+    :class:`coolsd.core.graphs.CudaGraphPhases`)."""
     if mode not in MODES:
         raise ValueError(f"steps must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "eager":
@@ -74,8 +77,8 @@ def with_steps(target: nn.Module, drafter: nn.Module | None, mode: str) -> tuple
         runner = CudaGraphPhases(compiled=True) if cuda else CompiledPhases()
     else:
         runner = CudaGraphPhases() if mode == "graphs" else EAGER
-    wrap = lambda model: Steps(model, runner=runner)  # noqa: E731
-    return wrap(target), (wrap(drafter) if drafter is not None else None)
+    wrap = lambda model: Steps(model, runner=runner) if model is not None else None  # noqa: E731
+    return wrap(target), ([wrap(d) for d in drafter] if isinstance(drafter, list) else wrap(drafter))
 
 
 def unwrapped(model: Any) -> Any:
@@ -109,7 +112,19 @@ def cpp_compiler() -> str | None:
 def keep_compilations() -> Path:
     """Inductor's compiled kernels kept in the user's cache (``$TORCHINDUCTOR_CACHE_DIR`` if set), not in a
     temporary folder, so that a second start loads them instead of compiling (measured: a first compiled COOL-SD
-    image took 88 s, the same image in a new process 16 s)."""
-    folder = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                                   str(Path.home() / ".cache" / "coolsd" / "torchinductor"))
+    image took 88 s, the same image in a new process 16 s). One folder per version of this package's code: a
+    kernel an earlier version compiled was once loaded for a phase of this one whose graph inputs differ, and
+    failed its size check (a tree:eagle25 verification)."""
+    folder = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "coolsd" / "torchinductor"
+                                                                  / source_digest()))
     return Path(folder)
+
+
+@functools.cache
+def source_digest() -> str:
+    """12 hex digits of the sha256 of this package's Python sources (their paths and contents, in order)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]

@@ -127,7 +127,7 @@ Sampling settings (the bundle's defaults): CFG scale {cfg}, temperature {tempera
 {round_rows}
 `tau` counts the prefill as a round, so AR has exactly 1. FID in a 128-d feature space with a few hundred
 or thousand samples is biased upwards; compare it only with the real-image row measured the same way.
-
+{eagle3_section}
 ## Reproduce
 
 ```bash
@@ -206,6 +206,65 @@ def round_rows(parts: dict | None) -> str:
             f"{share['drafting']:.2f} (a drafter level {share['level']:.3f}), acceptance {share['acceptance']:.2f} |\n")
 
 
+EAGLE3_SECTION = """
+## Second drafter: EAGLE-3
+
+The model also carries an EAGLE-3 head (`eagle3.safetensors`, `coolsd.models.eagle.Eagle3Drafter`; choose it
+with `--drafter eagle3` or the app's drafter control): the inputs of target layers {taps} side by side, reduced
+by `fc` ({fused} -> {dim}), then one decoder layer that reads the next token's embedding and that feature (both
+normed, side by side) and its own norm before the target's frozen output head; {parameters:,} parameters.
+It was trained by the general trainer with EAGLE-3's training-time test over {ttt} steps (its own predicted
+features fed back, attending as a chain draft does; soft cross-entropy against the target only, step k weighted
+0.8^k) on {images:,} images the target sampled itself, {epochs} epochs of batches of {batch} = {steps:,} steps,
+on {device} ({machine}): {generation} generating the images, {training} training; final loss {loss:.3f}.
+
+| measure | Eagle-1 | EAGLE-3 |
+|---|---|---|
+| chain L=5, lossless: mean accepted length tau over {eagle_n} images (the same (class, seed) pairs; the two drafters alternating image by image, eager steps) | {tau1:.3f} | **{tau3:.3f}** |
+| image latency, median (chain:5; the machine shared with another job) | {lat1:.0f} ms | {lat3:.0f} ms |
+| one drafter step (forward, head, sampling) | {step1:.2f} ms | {step3:.2f} ms |
+| trainer's report, 20 held-out images: tau chain:5 / tree:eagle25 | {report1} | {report3} |
+| teacher-forced top-1 agreement at depths 1-5 (trainer's report) | {agree1} | {agree3} |
+
+```bash
+{command}
+cp runs/eagle3-fashion/eagle3.safetensors runs/eagle3-fashion/config.json assets/fashion/
+python -m coolsd.card --drafters-only  # the drafter rows above, the other numbers kept from metrics.json
+```
+"""
+
+
+def eagle3_section(metrics: dict, bundle: Bundle) -> str:
+    """The EAGLE-3 drafter's section: its training record (``config.json``'s ``eagle3``) and the rows measured
+    beside Eagle-1's; nothing for a model without one."""
+    entry, rows = bundle.info.get("eagle3"), metrics.get("drafters", {})
+    if not entry or "eagle3" not in rows or "eagle3" not in bundle.drafters:
+        return ""
+    one, three = rows["eagle1"], rows["eagle3"]
+    record, settings = entry["training"], entry["training"]["settings"]
+    seconds, quality = record["seconds_this_process"], record["quality"]
+
+    def report(which: str) -> str:
+        return " / ".join(f"{quality[which]['tau'][d]:.3f}" for d in ("chain:5", "tree:eagle25")) \
+            if which in quality else "-"
+
+    def agreement(which: str) -> str:
+        return ", ".join(f"{a:.2f}" for a in quality[which]["agreement"]) if which in quality else "-"
+
+    drafter = bundle.drafters["eagle3"]
+    return EAGLE3_SECTION.format(
+        taps=", ".join(map(str, entry["taps"])), fused=len(entry["taps"]) * bundle.config.dim, dim=bundle.config.dim,
+        parameters=sum(p.numel() for p in drafter.parameters()), ttt=settings["ttt_steps"], images=settings["images"],
+        epochs=settings["epochs"], batch=settings["batch"], steps=record["steps"], device=record["device"],
+        machine=record["machine"],
+        generation=format_minutes(seconds.get("data", 0) + record.get("seconds_earlier_calls", {}).get("data", 0)),
+        training=format_minutes(seconds.get("training")), loss=record["loss_last_50"],
+        eagle_n=three["images"], tau1=one["tau"], tau3=three["tau"], lat1=1000 * one["latency_median_s"],
+        lat3=1000 * three["latency_median_s"], step1=1000 * one["drafter_step_s"], step3=1000 * three["drafter_step_s"],
+        report1=report("existing"), report3=report("new"), agree1=agreement("existing"), agree3=agreement("new"),
+        command="\n".join([*record.get("earlier_calls", []), record["command"]]))
+
+
 def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
     """The model card, every number taken from ``metrics`` and the training log in ``config.json``."""
     log = bundle.info.get("training", {})
@@ -241,7 +300,8 @@ def write_card(metrics: dict, path: Path, bundle: Bundle) -> None:
         real_fid=metrics["real_train_fid"]["fid"], eagle_n=metrics["eagle_chain5"]["images"],
         tau=metrics["eagle_chain5"]["tau"], t_fwd1=1000 * steps["target_forward_1_token_s"],
         t_fwd6=1000 * steps["target_forward_chain5_round_s"], t_draft=1000 * steps["drafter_step_s"],
-        lat_ar=1000 * metrics["ar"]["latency_median_s"], lat_eagle=1000 * metrics["eagle_chain5"]["latency_median_s"])
+        lat_ar=1000 * metrics["ar"]["latency_median_s"], lat_eagle=1000 * metrics["eagle_chain5"]["latency_median_s"],
+        eagle3_section=eagle3_section(metrics, bundle))
     (path / "README.md").write_text(text)
 
 
@@ -256,7 +316,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Eagle-1 chain:5 images for tau and the latencies (default 200)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--round-repeats", type=int, default=30, help="timed repeats of each part of a round")
+    parser.add_argument("--drafters-only", action="store_true",
+                        help="measure only the drafters' rows (Eagle-1 and, where the model has it, EAGLE-3, on the "
+                             "same images, interleaved); the other numbers are kept from the model's metrics.json")
     return parser
+
+
+def drafter_rows(bundle: Bundle, eagle_images: int) -> dict:
+    """Eagle-1's chain:5 rows for each drafter the model carries, the same (class, seed) pairs, the drafters
+    alternating image by image so that machine load hits both alike."""
+    per_class = max(1, eagle_images // bundle.config.num_classes)
+    runs = {name: [] for name in bundle.drafters}
+    for i in tqdm(range(per_class * bundle.config.num_classes), desc="drafters"):
+        for name, stats in runs.items():
+            stats.append(generate(bundle.with_drafter(name), i % bundle.config.num_classes, build_rule("eagle", {}, 0),
+                                  parse_draft("chain:5"), bundle.sampling, 10**6 + i).stats)
+    return {name: {"images": len(stats), "tau": float(np.mean([s.tau for s in stats])),
+                   "latency_median_s": statistics.median(s.seconds["total"] for s in stats),
+                   "drafter_step_s": sum(s.seconds["drafting"] for s in stats) / sum(s.drafter_forwards for s in stats)}
+            for name, stats in runs.items()}
 
 
 def main(argv: list[str] | None = None, round_profile: Callable[[Bundle, int], dict] | None = None) -> int:
@@ -266,6 +344,13 @@ def main(argv: list[str] | None = None, round_profile: Callable[[Bundle, int], d
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = load_bundle(args.model, device="cpu")
+    if args.drafters_only:
+        metrics = json.loads((args.model / "metrics.json").read_text())
+        rows = metrics["drafters"] = drafter_rows(bundle, args.eagle_images)
+        (args.model / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+        write_card(metrics, args.model, bundle)
+        print(json.dumps(rows, indent=1))
+        return 0
     started = time.time()
     ar_images, ar_classes, ar_stats = sample_images(bundle, "ar", args.samples_per_class, desc="AR samples")
     ar_quality = judge_metrics(bundle.quality.judge, ar_images, ar_classes)
@@ -284,6 +369,7 @@ def main(argv: list[str] | None = None, round_profile: Callable[[Bundle, int], d
         "eagle_chain5": {"images": len(eagle_stats), "tau": float(np.mean([s.tau for s in eagle_stats])),
                          "latency_median_s": statistics.median(s.seconds["total"] for s in eagle_stats)},
         "step_seconds": step_times(ar_stats, eagle_stats),
+        **({"drafters": drafter_rows(bundle, args.eagle_images)} if len(bundle.drafters) > 1 else {}),
         "round": round_profile(bundle, args.round_repeats) if round_profile is not None else None,
         "parameters": {"target": parameter_count(bundle.target), "drafter": parameter_count(bundle.drafter),
                        "tokenizer": parameter_count(bundle.decoder.model), "judge": parameter_count(bundle.quality.judge)},

@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 
 from ...core.params import PARAMS, Choice, Param, check, shorten
 from ...core.rules import schema
-from ...models.bundle import Bundle
+from ...models.bundle import DRAFTER_NAMES, Bundle
 from .. import session, views
 from ..controls import model_defaults
 from . import gpu
@@ -21,8 +21,9 @@ from .runtime import current
 API_DRAFT = "chain:5"  # the API's documented default draft (a model without a draft model takes its own instead)
 MODEL_VALUES = ("class_name", "cfg_scale", "temperature", "top_k", "top_p")  # default: the chosen model's own
 GSD_DEFAULTS = [schema(name).default for name in ("ranks", "gap", "dist")]
-# values added to the API later, last: clients may leave them out (/generate's model and prompt, then GSD's)
-OPTIONAL_TRAILING = {"generate": ["", "", *GSD_DEFAULTS], "generate_batch": GSD_DEFAULTS}
+API_DRAFTER = session.DEFAULT_DRAFTER  # the documented drafter (a model without it drafts with its own instead)
+# values added to the API later, last: clients may leave them out (/generate's model and prompt, GSD's, the drafter)
+OPTIONAL_TRAILING = {"generate": ["", "", *GSD_DEFAULTS, API_DRAFTER], "generate_batch": [*GSD_DEFAULTS, API_DRAFTER]}
 
 
 class ModelOwn:
@@ -59,16 +60,16 @@ def generate(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7, mu: s
              seed: int = 0, cfg_scale: float | ModelOwn = MODEL_OWN, temperature: float | ModelOwn = MODEL_OWN,
              top_k: int | ModelOwn = MODEL_OWN, top_p: float | ModelOwn = MODEL_OWN, schedule: str = "exp",
              timing_repeats: int = 0, model: str = "", prompt: str = "", ranks: int = 7, gap: float = 0.15,
-             dist: float = 0.5) -> GenerateResult:
+             dist: float = 0.5, drafter: str = API_DRAFTER) -> GenerateResult:
     """Generate with one method and with lossless Eagle-1: both images (PNG base64 and pixels), tokens and
     statistics. ``mu`` is "auto" or a number. ``timing_repeats`` > 0 also times AR, Eagle-1 and the method
     that many times each, interleaved. ``model``: one of the app's model choices (empty: the default model);
     a text model takes ``prompt`` instead of ``class_name``; with another model, a class or sampling value left
     at its default stands for that model's default, and so does the draft ``chain:5`` on a model without a draft
-    model. ``ranks``, ``gap``, ``dist``: GSD's (last, so that older clients keep their positions). Parameter
-    ranges: see docs/app.md."""
+    model. ``ranks``, ``gap``, ``dist``: GSD's; ``drafter``: which of the model's drafters a chain or tree drafts
+    with, in both images (last, so that older clients keep their positions). Parameter ranges: see docs/app.md."""
     request = api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k,
-                          top_p, schedule, model, prompt, ranks, gap, dist)
+                          top_p, schedule, model, prompt, ranks, gap, dist, drafter)
     repeats = checked(lambda: check("timing_repeats", timing_repeats))
     *_, result = checked_steps(gpu.compare(request, live=False))
     if repeats:
@@ -81,13 +82,14 @@ def generate_batch(method: str = "COOL-SD", delta: float = 2.0, nu: float = 0.7,
                    class_name: str | ModelOwn = MODEL_OWN, seeds: list[int] = [0, 1, 2, 3],  # noqa: B006
                    cfg_scale: float | ModelOwn = MODEL_OWN, temperature: float | ModelOwn = MODEL_OWN,
                    top_k: int | ModelOwn = MODEL_OWN, top_p: float | ModelOwn = MODEL_OWN, schedule: str = "exp",
-                   model: str = "", prompt: str = "", ranks: int = 7, gap: float = 0.15, dist: float = 0.5) -> dict:
+                   model: str = "", prompt: str = "", ranks: int = 7, gap: float = 0.15, dist: float = 0.5,
+                   drafter: str = API_DRAFTER) -> dict:
     """As ``/generate``, for a list of 1 to 16 seeds decoded as one batch per method (each image gets the
     tokens it gets alone, spec section 9): per seed both images, tokens and statistics, and each batch's seconds.
     No timing repeats (``/generate`` measures them)."""
     checked_seeds = checked(lambda: session.check_seeds(seeds))
     request = api_request(method, delta, nu, mu, k, lam, draft, class_name, checked_seeds[0], cfg_scale, temperature,
-                          top_k, top_p, schedule, model, prompt, ranks, gap, dist)
+                          top_k, top_p, schedule, model, prompt, ranks, gap, dist, drafter)
     return views.api_batch_payload(checked(lambda: gpu.compare_batch(request, checked_seeds)))
 
 
@@ -124,6 +126,10 @@ def value_notes() -> dict[str, str]:
     return {**notes, "lam": notes["lambda"],
             "method": "the method, one of " + ", ".join(session.method_entries()),
             "draft": "the draft structure, one of " + ", ".join(session.DRAFTS),
+            "drafter": "the drafter a chain or tree drafts with, in both images: "
+                       + ", ".join(f"{name} ({shown})" for name, shown in DRAFTER_NAMES.items())
+                       + f", by name or display name, one the model carries (default {API_DRAFTER}; a Jacobi "
+                       "window needs none)",
             "class_name": "the class to draw, one of the model's class names (a class-to-image model)",
             "top_k": "Top-k: sample among the k likeliest tokens, 0 (off) to the model's vocabulary size",
             "timing_repeats": f"{param_note(PARAMS['timing_repeats'])}: above 0, also time AR, Eagle-1 and the "
@@ -147,7 +153,7 @@ def plain(hint):
 
 
 def api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scale, temperature, top_k, top_p,
-                schedule, model, prompt, ranks=7, gap=0.15, dist=0.5) -> session.Request:
+                schedule, model, prompt, ranks=7, gap=0.15, dist=0.5, drafter=API_DRAFTER) -> session.Request:
     """An API call's values validated into a request (readable errors, as the UI's)."""
     params = {"delta": delta, "nu": nu, "mu": mu, "k": k, "lambda": lam, "schedule": schedule, "ranks": ranks,
               "gap": gap, "dist": dist}
@@ -161,13 +167,15 @@ def api_request(method, delta, nu, mu, k, lam, draft, class_name, seed, cfg_scal
     checked(lambda: refuse_unused(bundle, method, params, given["class_name"], prompt, start))
     if draft == API_DRAFT and not session.suits(bundle, draft):  # the documented default, on a model it does not fit
         draft = session.default_draft(bundle)
+    if drafter == API_DRAFTER and drafter not in bundle.drafters:  # likewise: the model's own drafter, if any
+        drafter = session.default_drafter(bundle)
     if bundle is not state.bundle:  # the documented defaults are the default model's: untouched ones follow the model
         own = model_defaults(bundle)
         given = {name: own[name] if isinstance(value, (str, int, float)) and value == start[name] else value
                  for name, value in given.items()}
     return checked(lambda: session.parse_request(
         bundle, method, params, draft, given["class_name"], seed, given["cfg_scale"], given["temperature"],
-        given["top_k"], given["top_p"], prompt=prompt, model=key))
+        given["top_k"], given["top_p"], prompt=prompt, model=key, drafter=drafter))
 
 
 def refuse_unused(bundle: Bundle, method, params: dict, class_name, prompt, start: dict[str, Any]) -> None:

@@ -18,7 +18,8 @@ from .generation import (GENERATE_OUTPUTS, on_check, on_figures_for_page, on_gen
                          on_timing_with_progress, on_width)
 from .inputs import on_range, ranged_params, session_of
 from .panels import on_metric, on_play, on_replay, on_round, on_theory
-from .settings import MODEL_OUTPUTS, on_method, on_model, on_mu_auto, on_reset, on_word, tour_controls, tour_step
+from .settings import (MODEL_OUTPUTS, on_draft, on_method, on_model, on_mu_auto, on_reset, on_word, tour_controls,
+                       tour_step)
 
 PRIVATE = {"api_visibility": "private"}  # UI callbacks: not part of the API (only /generate and /generate_batch are)
 RANDOM_SEED = f"() => Math.floor(Math.random() * {PARAMS['seed'].high + 1})"  # in the browser: no endpoint
@@ -152,7 +153,8 @@ def wire_generation(demo: gr.Blocks, ui: dict) -> None:
           [ui["tradeoff_plot"], ui["tradeoff_note"]], **PRIVATE)
     # .select: a dropdown's .input fires twice per choice. Loads have their own queue: a slow or failing download
     # never holds a generation's place (Models.get loads one model at a time anyway).
-    ui["model"].select(with_progress(on_model), [ui["model"], ui["model_state"], ui["narrow"], ui["draft"]],
+    ui["model"].select(with_progress(on_model), [ui[name] for name in ("model", "model_state", "narrow", "draft",
+                                                                       "drafter")],
                        [ui[name] for name in MODEL_OUTPUTS], concurrency_id="load", concurrency_limit=4, **PRIVATE)
     ui["examples"].input(lambda example: (example or gr.skip(), None), ui["examples"],
                          [ui["prompt"], ui["examples"]], **PRIVATE)
@@ -163,6 +165,7 @@ def wire_controls(demo: gr.Blocks, ui: dict, boxes: list[gr.Column]) -> None:
     presets and Reset."""
     ui["method"].change(on_method, ui["method"], [*boxes, ui["draft_box"]], **PRIVATE)
     ui["draft"].change(views.draft_note, ui["draft"], ui["draft_note"], show_progress="hidden", **PRIVATE)
+    ui["draft"].change(on_draft, [ui["draft"], ui["model"]], ui["drafter"], show_progress="hidden", **PRIVATE)
     for control in session.method_controls():
         for name in control.words:
             if name == "mu_auto":  # unticking starts the slider at the value auto stood for

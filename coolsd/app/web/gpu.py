@@ -113,13 +113,21 @@ def image_tokens(request: session.Request) -> int:
     return current().bundle_of(request).config.image_tokens
 
 
+def rate_key(request: session.Request, rule: str) -> str:
+    """The budget's name for ``rule``'s runs of ``request``: the rule, and the drafter where it is not the default
+    one (another drafter drafts at another cost; AR drafts nothing)."""
+    other = request.drafter and request.drafter != session.DEFAULT_DRAFTER and rule != "ar"
+    return f"{rule}+{request.drafter}" if other else rule
+
+
 def comparison_tokens(request: session.Request, live: bool = True, owner: Owner | None = None) -> dict[str, int]:
-    return dict.fromkeys((request.method, "eagle"), image_tokens(request))
+    return dict.fromkeys((rate_key(request, rule) for rule in (request.method, "eagle")), image_tokens(request))
 
 
 def timing_tokens(request: session.Request, repeats: int) -> dict[str, int]:
     warm = 0 if current().bundle_of(request).steps == "eager" else 1  # graphs are captured in a first pass
-    return dict.fromkeys(("ar", "eagle", request.method), image_tokens(request) * (repeats + warm))
+    return dict.fromkeys((rate_key(request, rule) for rule in ("ar", "eagle", request.method)),
+                         image_tokens(request) * (repeats + warm))
 
 
 def batch_tokens(request: session.Request, seeds: list[int]) -> dict[str, int]:
@@ -219,7 +227,7 @@ def took(name: str, request: session.Request, asked: int, started: float,
 def measured(request: session.Request, method: Generation, eagle: Generation, images: int = 1) -> dict[str, tuple]:
     """What a comparison's runs tell the budget (:func:`took`): each run with its time, which a batch's
     ``images`` images share (a batched run's seconds are the whole batch's)."""
-    return {rule: (run, [run.stats.seconds["total"] / images] * images)
+    return {rate_key(request, rule): (run, [run.stats.seconds["total"] / images] * images)
             for rule, run in ((request.method, method), ("eagle", eagle))}
 
 
@@ -247,7 +255,8 @@ def measure(request: session.Request, repeats: int = session.TIMING_REPEATS
     with closing(placed(timing_steps)(request, repeats)) as steps:
         for step in steps:
             if isinstance(step, session.Timing):
-                rules = {"ar": "ar", "eagle": "eagle", "method": request.method}
+                rules = {run: rate_key(request, rule) for run, rule in (("ar", "ar"), ("eagle", "eagle"),
+                                                                          ("method", request.method))}
                 took("timing", request, asked, started,
                      {rules[run]: (made, step.seconds[run]) for run, made in step.runs.items()})
             yield step

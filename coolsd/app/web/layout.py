@@ -7,9 +7,10 @@ from __future__ import annotations
 import gradio as gr
 
 from ...core.params import PARAMS, Choice
+from ...models.bundle import Bundle
 from ...models.registry import EXAMPLE_PROMPTS
 from .. import models, session, tour, views
-from ..controls import OMEGA_LINE, drafting_labels, method_boxes, word_label
+from ..controls import OMEGA_LINE, drafter_choices, drafting_labels, method_boxes, shows_drafter, word_label
 from . import events, gpu
 from .generation import RACE_WAITING
 from .inputs import defaults
@@ -71,10 +72,11 @@ def settings_panel(state: Runtime, start: dict) -> tuple[dict, list[gr.Column]]:
         named["reset"] = gr.Button("Reset", size="sm")
     controls, boxes = method_panel(start)
     named.update(controls)
+    bundle = state.bundle
     with gr.Column(visible=start["method"] in drafting_labels(), elem_id="draft-box") as named["draft_box"]:
         named["draft"] = gr.Dropdown(session.DRAFTS, value=start["draft"], label="Draft structure")
         named["draft_note"] = gr.Markdown(views.draft_note(start["draft"]), elem_id="draft-note")
-    bundle = state.bundle
+        named["drafter"] = drafter_radio(bundle, start)
     text = session.text_model(bundle)
     named["class_name"] = gr.Dropdown(bundle.class_names, value=start["class_name"], label="Class",
                                       visible=not text, elem_id="class-name")
@@ -94,6 +96,15 @@ def settings_panel(state: Runtime, start: dict) -> tuple[dict, list[gr.Column]]:
     # last among the settings, but pinned to the window's bottom while they are in view (CSS: #generate)
     named["run"] = gr.Button("Generate", variant="primary", elem_id="generate")
     return named, boxes
+
+
+def drafter_radio(bundle: Bundle, start: dict) -> gr.Radio:
+    """The drafter selector: the model's drafters by display name (Eagle-1, EAGLE-3). Shown only where it is a
+    choice that matters (:func:`shows_drafter`: two drafters or more, a chain or tree); it follows the draft and
+    the model (``events``)."""
+    return gr.Radio(drafter_choices(bundle), value=start["drafter"], label="Drafter", elem_id="drafter",
+                    info="the draft model that proposes the chain's or tree's tokens; both images draft with it",
+                    visible=shows_drafter(bundle, start["draft"]))
 
 
 def results_panel(state: Runtime) -> dict:

@@ -10,15 +10,16 @@ import gradio as gr
 
 from ...core.params import clip
 from ...core.rules import schema
+from ...models.bundle import Bundle
 from .. import session, tour, views
-from ..controls import drafting_labels, method_boxes, model_defaults
+from ..controls import drafter_choices, drafting_labels, method_boxes, model_defaults, shows_drafter, suited_drafter
 from .inputs import defaults
 from .panels import tradeoff_outputs
 from .runtime import current
 
 log = logging.getLogger("coolsd.app")
-MODEL_OUTPUTS = ("model", "class_name", "prompt_box", "top_k", "cfg_scale", "temperature", "top_p", "draft", "metric",
-                 "families", "tradeoff_plot", "tradeoff_note", "model_state")
+MODEL_OUTPUTS = ("model", "class_name", "prompt_box", "top_k", "cfg_scale", "temperature", "top_p", "draft", "drafter",
+                 "metric", "families", "tradeoff_plot", "tradeoff_note", "model_state")
 
 
 def on_method(method):
@@ -26,6 +27,20 @@ def on_method(method):
     structure."""
     return [gr.update(visible=method in labels) for labels, _ in method_boxes()] + \
         [gr.update(visible=method in drafting_labels())]  # the draft selector and its note
+
+
+def on_draft(draft, model=None):
+    """The drafter selector follows the draft: shown for a chain or tree of a model with a choice of drafters,
+    hidden for a Jacobi window (the target drafts for itself; :func:`coolsd.app.controls.shows_drafter`)."""
+    bundle = current().models.peek(model) or current().bundle
+    return gr.update(visible=shows_drafter(bundle, draft))
+
+
+def drafter_update(bundle: Bundle, draft: str, drafter) -> dict:
+    """The drafter selector for a model just chosen: its drafters, the user's choice where it has it (else its
+    default drafter), shown where it is a choice for ``draft``."""
+    return gr.update(choices=drafter_choices(bundle), value=suited_drafter(bundle, drafter),
+                     visible=shows_drafter(bundle, draft))
 
 
 def on_word(ticked):
@@ -46,11 +61,11 @@ def on_mu_auto(mu_auto, nu, draft, schedule):
     return gr.update(visible=True, value=round(min(max(value, param.low), param.high), 2))
 
 
-def on_model(choice, previous, narrow=False, draft=None, progress=None):
+def on_model(choice, previous, narrow=False, draft=None, drafter=None, progress=None):
     """The model selector: load the chosen model (first use only), then show its class dropdown or prompt box,
     its top-k range, its sampling defaults, a draft it can run (``draft`` kept where it can: a model without a
-    draft model gets a Jacobi window) and its trade-off figure (``MODEL_OUTPUTS``). A model that cannot be
-    loaded is a notice, and the selection goes back to ``previous``."""
+    draft model gets a Jacobi window), its drafters (``drafter`` kept where it has it) and its trade-off figure
+    (``MODEL_OUTPUTS``). A model that cannot be loaded is a notice, and the selection goes back to ``previous``."""
     state = current()
     try:
         bundle = state.models.get(choice, progress)
@@ -63,7 +78,8 @@ def on_model(choice, previous, narrow=False, draft=None, progress=None):
     suited = session.suited_draft(bundle, draft) if draft is not None else draft
     return (gr.skip(), gr.update(choices=bundle.class_names, value=start["class_name"], visible=not text),
             gr.update(visible=text), gr.update(maximum=bundle.config.vocab_size, value=start["top_k"]),
-            start["cfg_scale"], start["temperature"], start["top_p"], gr.skip() if suited == draft else suited, metric,
+            start["cfg_scale"], start["temperature"], start["top_p"], gr.skip() if suited == draft else suited,
+            drafter_update(bundle, suited if suited is not None else session.default_draft(bundle), drafter), metric,
             gr.update(choices=list(choices.items()), value=shown),
             *tradeoff_outputs(bundle, None, metric, shown, narrow), state.models.key(choice))
 

@@ -13,6 +13,7 @@ from typing import Any
 from gradio.mcp import GradioMCPServer
 
 from ...core.rules import RULES
+from ...models.bundle import DRAFTER_NAMES
 
 Part = tuple[str, str]  # ("text", words) or ("image", PNG as base64): one content block of a tool's answer
 ANSWERS = {  # what an MCP client gets, per tool: its description ends with this
@@ -88,12 +89,14 @@ def run_label(stats: dict) -> str:
 
 
 def run_line(stats: dict) -> str:
-    """A run's statistics in one line: method and parameters, draft, condition, seed, tokens, target forwards,
-    tau, the acceptance rate per draft depth, drafter forwards and seconds."""
+    """A run's statistics in one line: method and parameters, draft and drafter, condition, seed, tokens, target
+    forwards, tau, the acceptance rate per draft depth, drafter forwards and seconds."""
     params = ", ".join(f"{name}={value}" for name, value in stats["params"].items())
     condition = ", ".join(f"{name} {json.dumps(value)}" for name, value in stats["condition"].items())
     rates = ", ".join("-" if rate is None else f"{rate:.2f}" for rate in stats["per_depth"]["accept_rate"])
     draft = "" if stats["draft"] in (None, "none") else f", draft {stats['draft']}"  # AR drafts nothing
+    drafter = stats.get("drafter")
+    draft += f" ({DRAFTER_NAMES.get(drafter, drafter)} drafter)" if draft and drafter else ""
     return (f"{run_label(stats)}{f' ({params})' if params else ''}{draft}, {condition}, "
             f"seed {stats['seed']}: {stats['tokens']} tokens in {stats['target_forwards']} target forwards "
             f"(tau {stats['tau']:.2f} tokens per target forward"
