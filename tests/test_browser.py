@@ -216,10 +216,10 @@ def test_browser_generate_then_invalid_input(server, browser, tmp_path):
 
 def test_browser_generates_on_a_jacobi_window(server, browser):
     """COOL-SD on jacobi:16:coupled: the line under the selector says what the window is, and both images come,
-    each labelled with the window (the right one is Eagle-1 on it: SCD). The Drafter choice stays hidden: the
-    shipped model has one drafter, and a window needs none."""
+    each labelled with the window (the right one is Eagle-1 on it: SCD). The Drafter choice, shown for the
+    shipped model's chain (it carries Eagle-1 and EAGLE-3 heads), hides: a window needs no drafter."""
     page = open_page(browser, server.url)
-    expect(page.locator("#drafter")).to_be_hidden()
+    expect(page.locator("#drafter")).to_be_visible()
     page.get_by_label("Draft structure").click()
     page.get_by_role("option", name="jacobi:16:coupled").click()
     expect(page.locator("#draft-note")).to_contain_text("Jacobi window, no draft model", timeout=20000)
@@ -347,8 +347,8 @@ GOOD = ["COOL-SD", 2.0, 0.7, "auto", 10, 5.0, "chain:5", "Trouser", 0, 2.0, 1.0,
 
 
 @pytest.mark.parametrize("name, data, needle", [
-    ("generate", ["COOL-SD", 2.0], "/generate takes 15 to 20 values, got 2"),
-    ("generate", GOOD + ["", "", 7, 0.15, 0.5, 3], "/generate takes 15 to 20 values, got 21"),
+    ("generate", ["COOL-SD", 2.0], "/generate takes 15 to 21 values, got 2"),
+    ("generate", GOOD + ["", "", 7, 0.15, 0.5, 3, "eagle1"], "/generate takes 15 to 21 values, got 22"),
     ("generate", GOOD + ["", "", 3], "ranks is not a parameter of COOL-SD"),
     ("generate", GOOD + [1, 2], "model must be a string"),
     ("generate", GOOD + ["no-such-model"], "model must be one of"),
@@ -358,8 +358,8 @@ GOOD = ["COOL-SD", 2.0, 0.7, "auto", 10, 5.0, "chain:5", "Trouser", 0, 2.0, 1.0,
     ("generate", GOOD[:1] + [10.0] + GOOD[2:], "delta must be between 0.05 and 5"),
     ("generate", ["UniformRSD", 2.0, 9.0] + GOOD[3:], "nu is not a parameter of UniformRSD (it takes: delta)"),
     ("generate", GOOD + ["", "x" * 5_000_000], "prompt is for text-to-image models"),
-    ("on_theory", [None] * 12 + ["tree:huge"] + [None] * 11, "Value: tree:huge is not in the list of choices"),
-    ("on_theory", [None] * 3, "takes 24 values, got 3"),
+    ("on_theory", [None] * 12 + ["tree:huge"] + [None] * 12, "Value: tree:huge is not in the list of choices"),
+    ("on_theory", [None] * 3, "takes 25 values, got 3"),
 ])
 def test_malformed_api_calls_get_one_readable_error_and_one_log_line(server, name, data, needle):
     """The API's endpoint called as any client would; a page handler (not callable that way) as the page calls it,
