@@ -171,12 +171,10 @@ def estimate(bundle: Bundle, config: TrainConfig, measured: Measured, eval_image
     generation = batches * (measured.prefill + n * measured.ar_step)
     report = drafters_reported * len(REPORT_DRAFTS) * eval_images * n * measured.round
     report += eval_images * AGREEMENT_DEPTH * measured.ar_step  # the teacher-forced agreement: a few forwards
-    taps = len(new_drafter(bundle, 0, config.kind, config.taps).target_layers)
-    data = config.images * bytes_per_image(bundle.target, bundle.config.dim, bundle.target.output.weight.dtype, taps)
     drafter = new_drafter(bundle, 0, config.kind, config.taps)
     taps = len(drafter.target_layers)
-    return Estimate(generation, config.steps * measured.train_step, report, data,
-                    data_in_memory(bundle, config, taps),
+    data = config.images * bytes_per_image(bundle.target, bundle.config.dim, bundle.target.output.weight.dtype, taps)
+    return Estimate(generation, config.steps * measured.train_step, report, data, data_in_memory(bundle, config, taps),
                     parameter_count(bundle.target), sum(p.numel() for p in trainable(drafter)), measured)
 
 
